@@ -1,0 +1,6 @@
+gameid = minetest
+backend = sqlite3
+player_backend = sqlite3
+auth_backend = sqlite3
+enable_damage = true
+creative_mode = false
