@@ -1,1 +1,43 @@
+"""VPT action space, Dual-Mouse action tokens, and the constrained-decoding grammar."""
 
+from histeve_jax.actions.agent_format import (
+    DiscreteAction,
+    agent_to_discrete,
+    agent_to_env,
+    discrete_to_agent,
+    discrete_to_env,
+    env_to_agent,
+    env_to_discrete,
+)
+from histeve_jax.actions.codebook import (
+    BUTTON_GROUPS,
+    BUTTONS,
+    CODEBOOKS,
+    ENV_KEYS,
+    GROUP_NAMES,
+    N_JOINT_BUTTONS,
+    Codebook,
+    Regime,
+    get_codebook,
+    regime_of,
+)
+
+__all__ = [
+    "BUTTONS",
+    "BUTTON_GROUPS",
+    "CODEBOOKS",
+    "Codebook",
+    "DiscreteAction",
+    "ENV_KEYS",
+    "GROUP_NAMES",
+    "N_JOINT_BUTTONS",
+    "Regime",
+    "agent_to_discrete",
+    "agent_to_env",
+    "discrete_to_agent",
+    "discrete_to_env",
+    "env_to_agent",
+    "env_to_discrete",
+    "get_codebook",
+    "regime_of",
+]
