@@ -51,7 +51,10 @@ def _oracle(vpt_lib, name):
     actions, mapping = vpt_lib
     cb = CODEBOOKS[name]
     transformer = actions.ActionTransformer(
-        camera_maxval=cb.maxval, camera_binsize=cb.binsize, camera_quantization_scheme=cb.scheme, camera_mu=cb.mu
+        camera_maxval=cb.maxval,
+        camera_binsize=cb.binsize,
+        camera_quantization_scheme=cb.scheme,
+        camera_mu=cb.mu,
     )
     return transformer, mapping.CameraHierarchicalMapping(n_camera_bins=cb.n_bins)
 
@@ -87,9 +90,8 @@ def test_agent_to_env_matches_vpt_lib(vpt_lib, name):
     rng = np.random.default_rng(1)
     agent = {"buttons": rng.integers(0, N_JOINT_BUTTONS, 3000), "camera": rng.integers(0, cb.n_bins**2, 3000)}
     agent["buttons"][:50] = N_JOINT_BUTTONS - 1  # the inventory index
-    ref = transformer.policy2env(
-        mapping.to_factored({"buttons": agent["buttons"][:, None].copy(), "camera": agent["camera"][:, None].copy()})
-    )
+    column = {k: v[:, None].copy() for k, v in agent.items()}
+    ref = transformer.policy2env(mapping.to_factored(column))
     ours = agent_to_env(agent, name)
     assert set(ours) == set(ref)
     for key in ref:

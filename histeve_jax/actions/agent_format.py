@@ -148,7 +148,7 @@ def discrete_to_agent(action: DiscreteAction, codebook: str | Codebook = "vpt") 
 
 
 def agent_to_discrete(action: Mapping[str, Any], codebook: str | Codebook = "vpt") -> DiscreteAction:
-    """MineStudio agent format -> discrete action, as vpt_lib's ``to_factored`` reads it (not canonicalised)."""
+    """MineStudio agent format -> discrete action, as vpt_lib's ``to_factored`` reads it (not canonical)."""
     cb = get_codebook(codebook)
     unknown = sorted(set(action) - {"buttons", "camera"})
     if unknown:
@@ -161,7 +161,7 @@ def agent_to_discrete(action: Mapping[str, Any], codebook: str | Codebook = "vpt
         if v.dtype.kind not in "iu":
             raise ValueError(f"agent action: {key!r} must be integer, got dtype {v.dtype}")
         if np.any((v < 0) | (v >= n)):
-            raise ValueError(f"agent action: {key!r} must lie in 0..{n - 1} for codebook {cb.name!r}, got {v}")
+            raise ValueError(f"agent action: {key!r} must lie in 0..{n - 1} (codebook {cb.name!r}), got {v}")
     if buttons.shape != camera.shape:
         raise ValueError(f"agent action: 'buttons' shape {buttons.shape} != 'camera' shape {camera.shape}")
     row = _JOINT_TABLE[buttons]
@@ -175,10 +175,10 @@ def agent_to_discrete(action: Mapping[str, Any], codebook: str | Codebook = "vpt
 
 
 def env_to_agent(action: Mapping[str, Any], codebook: str | Codebook = "vpt") -> dict[str, Any]:
-    """Env-format action -> MineStudio agent format, equal to MinecraftSim's ``env_action_to_agent_action``."""
+    """Env action -> MineStudio agent format, equal to MinecraftSim's ``env_action_to_agent_action``."""
     return discrete_to_agent(env_to_discrete(action, codebook), codebook)
 
 
 def agent_to_env(action: Mapping[str, Any], codebook: str | Codebook = "vpt") -> dict[str, Any]:
-    """MineStudio agent format -> env-format action, equal to MinecraftSim's ``agent_action_to_env_action``."""
+    """MineStudio agent format -> env action, equal to MinecraftSim's ``agent_action_to_env_action``."""
     return discrete_to_env(agent_to_discrete(action, codebook), codebook)

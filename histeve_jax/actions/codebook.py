@@ -81,7 +81,7 @@ class Codebook:
 
     def __post_init__(self):
         if self.scheme not in ("mu_law", "linear"):
-            raise ValueError(f"codebook {self.name!r}: scheme must be 'mu_law' or 'linear', got {self.scheme!r}")
+            raise ValueError(f"codebook {self.name!r}: unknown scheme {self.scheme!r} (mu_law, linear)")
         if (2 * self.maxval) % self.binsize:
             raise ValueError(f"codebook {self.name!r}: 2*maxval must be a multiple of binsize")
 
@@ -135,7 +135,7 @@ def get_codebook(codebook: str | Codebook) -> Codebook:
 
 
 def joint_buttons_table() -> np.ndarray:
-    """[N_JOINT_BUTTONS, len(GROUP_NAMES) + 2] int: each joint index's group choices, camera meta, inventory."""
+    """[N_JOINT_BUTTONS, n_groups + 2] int: each joint index's group choices, camera meta, inventory."""
     rows = [list(c) + [0] for c in itertools.product(*(range(r) for r in _JOINT_RADICES))]
     rows.append([0] * len(GROUP_NAMES) + [0, 1])
     return np.asarray(rows, dtype=np.int64)
