@@ -1,0 +1,113 @@
+"""The generic train step: gradients of a pure ``loss_fn(model, batch, rng) -> (loss, metrics)`` and an
+optimizer update, with optional gradient accumulation over microbatches.
+
+``make_train_step`` returns a pure function of pytrees, ``train_step(state, batch, rng) -> (state, metrics)``;
+``jit_train_step`` wraps it with the state's shardings, the batch sharded over (data, fsdp), and the old state
+donated, so the update happens in place in device memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from histeve_jax.parallel import axes
+from histeve_jax.parallel.axes import Rules
+from histeve_jax.train.optimizer import global_norm
+from histeve_jax.train.state import TrainState
+
+LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+def split_microbatches(batch: Any, n: int) -> Any:
+    """Leaves [B, ...] -> [n, B/n, ...], microbatch i taking rows i, i+n, ...: a strided split keeps every
+    microbatch spread over all batch shards instead of landing on a few devices."""
+
+    def one(x: jax.Array) -> jax.Array:
+        if x.shape[0] % n:
+            raise ValueError(f"batch leaf of shape {x.shape}: leading dim not divisible by {n} microbatches")
+        return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(one, batch)
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    *,
+    schedule: optax.Schedule | None = None,
+    microbatches: int = 1,
+) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
+    """A pure ``train_step(state, batch, rng) -> (state, metrics)``; with ``microbatches > 1`` the gradient is
+    the mean of the microbatches' gradients (equal to the full-batch one for a per-example-mean loss)."""
+    if microbatches < 1:
+        raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+
+    def train_step(state: TrainState, batch: Any, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        def loss_of_params(params: nnx.State, mb: Any, key: jax.Array) -> tuple[jax.Array, Any]:
+            loss, metrics = loss_fn(state.model(params), mb, key)
+            return loss, dict(metrics)
+
+        grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
+        rng = jax.random.fold_in(rng, state.step)
+        if microbatches == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch, rng)
+        else:
+            mbs = split_microbatches(batch, microbatches)
+            keys = jax.random.split(rng, microbatches)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+
+            def accumulate(carry: Any, xs: Any) -> tuple[Any, Any]:
+                mb, key = xs
+                (mb_loss, mb_metrics), mb_grads = grad_fn(state.params, mb, key)
+                carry = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), carry, mb_grads)
+                return carry, (mb_loss, mb_metrics)
+
+            grad_sum, (losses, metrics) = jax.lax.scan(accumulate, zeros, (mbs, keys))
+            grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), grad_sum, state.params)
+            loss = losses.mean()
+            metrics = jax.tree.map(lambda m: m.mean(0), metrics)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        out = {**metrics, "loss": loss, "grad_norm": global_norm(grads), "param_norm": global_norm(params)}
+        if schedule is not None:
+            out["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, out
+
+    return train_step
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, rules: Rules) -> NamedSharding:
+    """Batch leaves split on their leading axis the way activations' batch axis is (``activation_batch``)."""
+    return NamedSharding(mesh, axes.logical_to_spec((axes.ACT_BATCH,), rules))
+
+
+def jit_train_step(
+    train_step: Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]],
+    state_shardings: TrainState,
+    mesh: jax.sharding.Mesh,
+    rules: Rules,
+    *,
+    donate: bool = True,
+) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
+    """``train_step`` under jit on ``mesh``: state in/out with its shardings, batch over the batch axes,
+    metrics replicated; activations constrained by ``rules`` inside."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def step(state: TrainState, batch: Any, rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+        with axes.activate(mesh, rules):
+            return train_step(state, batch, rng)
+
+    return jax.jit(
+        step,
+        in_shardings=(state_shardings, batch_sharding(mesh, rules), replicated),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=(0,) if donate else (),
+    )
