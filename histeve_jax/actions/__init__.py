@@ -21,8 +21,12 @@ from histeve_jax.actions.codebook import (
     get_codebook,
     regime_of,
 )
+from histeve_jax.actions.grammar import ActionGrammar, build_grammar
+from histeve_jax.actions.tokens import ActionVocab, add_action_tokens, token_strings
 
 __all__ = [
+    "ActionGrammar",
+    "ActionVocab",
     "BUTTONS",
     "BUTTON_GROUPS",
     "CODEBOOKS",
@@ -32,6 +36,7 @@ __all__ = [
     "GROUP_NAMES",
     "N_JOINT_BUTTONS",
     "Regime",
+    "add_action_tokens",
     "agent_to_discrete",
     "agent_to_env",
     "discrete_to_agent",
@@ -40,4 +45,6 @@ __all__ = [
     "env_to_discrete",
     "get_codebook",
     "regime_of",
+    "token_strings",
+    "build_grammar",
 ]

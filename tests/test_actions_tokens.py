@@ -1,0 +1,130 @@
+"""Dual-Mouse tokens: exact round trips, disjoint mouse sets, real Qwen tokenizer ids, malformed sequences."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+
+from histeve_jax.actions import BUTTONS, CODEBOOKS, Regime, env_to_agent, env_to_discrete
+from histeve_jax.actions.agent_format import discrete_to_env
+from histeve_jax.actions.tokens import ActionVocab, add_action_tokens, token_strings
+from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS, load_qwen_tokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+BASE = 1000  # a tiny model's vocabulary: action tokens at 1000..
+
+
+def _random_actions(rng: np.random.Generator, n: int):
+    for _ in range(n):
+        p = rng.choice([0.05, 0.3, 0.8])
+        a = {k: int(rng.random() < p) for k in BUTTONS}
+        scale = rng.choice([0.0, 0.5, 4.0, 40.0])
+        a["camera"] = rng.standard_normal(2) * scale * (rng.random(2) < 0.8)
+        yield a
+
+
+def _assert_env_equal(x: dict, y: dict) -> None:
+    assert set(x) == set(y)
+    for k in x:
+        np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["vpt", "openha"])
+def test_round_trip_is_exact_on_quantised_actions(name):
+    vocab = ActionVocab.contiguous(name, BASE)
+    rng = np.random.default_rng(0)
+    for i, a in enumerate(_random_actions(rng, 2000)):
+        regime = Regime(i % 2)
+        ids = vocab.encode(a, regime)
+        assert ids[0] == vocab.ids[vocab.slots.type[regime]]
+        assert len(ids) <= vocab.max_len
+        got, got_regime = vocab.decode(ids)
+        assert got_regime is regime
+        _assert_env_equal(got, discrete_to_env(env_to_discrete(a, name), name))
+        # The agent format of the decoded action is the agent format of the original.
+        assert env_to_agent(got, name) == env_to_agent(a, name)
+        # MineStudio's agent format encodes to the same tokens.
+        np.testing.assert_array_equal(vocab.encode(env_to_agent(a, name), regime), ids)
+
+
+@pytest.mark.parametrize("name", ["vpt", "openha"])
+def test_camera_and_cursor_tokens_are_disjoint_but_decode_alike(name):
+    vocab = ActionVocab.contiguous(name, BASE)
+    strings = token_strings(name)
+    cam = {s for s in strings if s.startswith("<|cam_")}
+    cur = {s for s in strings if s.startswith("<|cur_")}
+    n = CODEBOOKS[name].n_bins - 1
+    assert len(cam) == len(cur) == 2 * n and not cam & cur
+    assert len(set(strings)) == len(strings) == 4 + 19 + 4 * n
+    a = {"use": 1, "camera": np.array([3.0, -7.0])}
+    ng, gui = vocab.encode(a, Regime.NG), vocab.encode(a, Regime.GUI)
+    ng_mouse, gui_mouse = set(ng[-3:-1].tolist()), set(gui[-3:-1].tolist())
+    assert not ng_mouse & gui_mouse
+    _assert_env_equal(vocab.decode(ng)[0], vocab.decode(gui)[0])
+
+
+def test_hand_checked_sequences():
+    vocab = ActionVocab.contiguous("vpt", 0)
+    s = vocab.strings
+    as_str = lambda a, r: [s[vocab.slot_of_id[int(t)]] for t in vocab.encode(a, r)]
+    assert as_str({"camera": [0.0, 0.0]}, Regime.NG) == ["<|act_ng|>", "<|act_end|>"]
+    # pitch -10 is bin 0 (offset -5); mu-law puts yaw 0.1 at 5.2 -> the null bin, so only pitch is emitted.
+    assert as_str({"forward": 1, "attack": 1, "camera": [-10.0, 0.1]}, Regime.NG) == [
+        "<|act_ng|>", "<|act_forward|>", "<|act_attack|>", "<|cam_pitch_-5|>", "<|act_end|>",
+    ]
+    # Inventory excludes the rest; hotbar ties go to the later key; forward+back cancel.
+    assert as_str({"inventory": 1, "jump": 1, "camera": [5.0, 5.0]}, Regime.GUI) == [
+        "<|act_gui|>", "<|act_inventory|>", "<|act_end|>",
+    ]
+    assert as_str({"hotbar.2": 1, "hotbar.7": 1, "forward": 1, "back": 1, "camera": [0.0, 10.0]}, 1) == [
+        "<|act_gui|>", "<|act_hotbar.7|>", "<|cur_dx_+5|>", "<|act_end|>",
+    ]
+
+
+@pytest.mark.parametrize("name", ["vpt", "openha"])
+def test_real_qwen_tokenizer_ids_fit_both_tables(name):
+    # A copy: load_qwen_tokenizer's instance is shared by the process and must not gain action tokens.
+    tok = copy.deepcopy(load_qwen_tokenizer())
+    n_before = len(tok)
+    assert n_before == NUM_TOKENIZER_IDS
+    vocab = add_action_tokens(tok, name)
+    n = len(token_strings(name))
+    np.testing.assert_array_equal(vocab.ids, np.arange(n_before, n_before + n))
+    # Spare rows: the 3B table has 151936, the 7B 152064; no resize is needed for either.
+    assert vocab.ids.max() < 151936
+    # The tokenizer reads the action strings back as single special tokens, and text decoding skips them.
+    ids = vocab.encode({"forward": 1, "camera": [2.0, -2.0]}, Regime.NG)
+    text = "".join(vocab.strings[vocab.slot_of_id[int(t)]] for t in ids)
+    assert tok(text, add_special_tokens=False)["input_ids"] == ids.tolist()
+    assert tok.decode(ids.tolist(), skip_special_tokens=True) == ""
+    # Adding again is idempotent: the same ids.
+    np.testing.assert_array_equal(add_action_tokens(tok, name).ids, vocab.ids)
+    assert len(tok) == n_before + n
+
+
+@pytest.mark.parametrize(
+    "seq, match",
+    [
+        (["<|act_end|>"], "at least TYPE and END"),
+        (["<|act_forward|>", "<|act_end|>"], "token 0 must be"),
+        (["<|act_ng|>", "<|cur_dx_+1|>", "<|act_end|>"], "not allowed here in a NG action"),
+        (["<|act_gui|>", "<|cam_yaw_+1|>", "<|act_end|>"], "not allowed here in a GUI action"),
+        (["<|act_ng|>", "<|act_attack|>", "<|act_forward|>", "<|act_end|>"], "not allowed here"),
+        (["<|act_ng|>", "<|act_forward|>", "<|act_back|>", "<|act_end|>"], "not allowed here"),
+        (["<|act_ng|>", "<|cam_yaw_+1|>", "<|cam_pitch_+1|>", "<|act_end|>"], "not allowed here"),
+        (["<|act_ng|>", "<|act_jump|>", "<|act_inventory|>", "<|act_end|>"], "not allowed here"),
+        (["<|act_ng|>", "<|act_inventory|>", "<|act_jump|>", "<|act_end|>"], "follows <|act_inventory|>"),
+        (["<|act_ng|>", "<|act_jump|>"], "does not end with"),
+        (["<|act_ng|>", "<|act_end|>", "<|act_end|>"], "follows <|act_end|>"),
+        (["<|act_ng|>", 7, "<|act_end|>"], r"id 7 \(not an action token\)"),
+    ],
+)
+def test_malformed_sequences_raise_naming_the_token(seq, match):
+    vocab = ActionVocab.contiguous("vpt", BASE)
+    ids = [t if isinstance(t, int) else BASE + vocab.strings.index(t) for t in seq]
+    with pytest.raises(ValueError, match=match):
+        vocab.decode(ids)
