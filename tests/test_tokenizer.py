@@ -30,7 +30,8 @@ def test_loads_with_autotokenizer_and_ids_match_qwen2_5_vl_config(tok):
         == config.vision_start_token_id
         == 151652
     )
-    assert tok.convert_tokens_to_ids("<|vision_end|>") == tk.VISION_END_ID == config.vision_end_token_id == 151653
+    vision_end = tok.convert_tokens_to_ids("<|vision_end|>")
+    assert vision_end == tk.VISION_END_ID == config.vision_end_token_id == 151653
     assert tk.ENDOFTEXT_ID == config.text_config.bos_token_id == tok.pad_token_id == 151643
     assert tk.IM_END_ID == config.text_config.eos_token_id == tok.eos_token_id == 151645
     assert tok.convert_tokens_to_ids("<|im_start|>") == tk.IM_START_ID == 151644
