@@ -1,0 +1,66 @@
+"""Shared fixtures. Tests run offline on CPU; the Qwen2.5-VL fixtures build tiny random HF models."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+# ---------------------------------------------------------------------- Qwen2.5-VL (tiny, random, fp32)
+
+
+def qwen_tiny_hf(cfg, seed: int = 0):
+    """A random `transformers` Qwen2_5_VLForConditionalGeneration matching our config (eager attention)."""
+    import torch
+    from transformers import Qwen2_5_VLConfig as HFConfig
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    hf_cfg = HFConfig(**cfg.to_hf_dict())
+    model = Qwen2_5_VLForConditionalGeneration(hf_cfg).eval()
+    # Non-trivial norm scales and biases, so a transposed or skipped tensor shows in the logits.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or "ln_q" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_dir(tmp_path_factory):
+    """(our config, HF torch model, its save_pretrained dir) for the tiny test model."""
+    from histeve_jax.models.qwen2_5_vl import tiny
+
+    cfg = tiny()
+    hf = qwen_tiny_hf(cfg)
+    d = str(tmp_path_factory.mktemp("qwen_tiny"))
+    hf.save_pretrained(d)
+    return cfg, hf, d
+
+
+def qwen_images(sizes, seed: int = 0):
+    """pixel_values [N, 1176] and image_grid_thw [n, 3] from transformers' Qwen2-VL image processor."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 256)
+    rng = np.random.default_rng(seed)
+    ims = [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for h, w in sizes]
+    out = proc(images=ims, return_tensors="np")
+    return out["pixel_values"].astype(np.float32), out["image_grid_thw"].astype(np.int64)
+
+
+def qwen_vision_block(cfg, grid, token_id):
+    """`<|vision_start|>` + N x placeholder + `<|vision_end|>` for one grid (N = t*h*w / merge^2)."""
+    t, h, w = (int(x) for x in grid)
+    n = t * h * w // cfg.vision.spatial_merge_size**2
+    return [cfg.vision_start_token_id] + [token_id] * n + [cfg.vision_end_token_id]
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_flax(qwen_tiny_dir):
+    """Our model loaded (scanned) from the tiny HF checkpoint."""
+    from histeve_jax.models.qwen2_5_vl import load_hf
+
+    return load_hf(qwen_tiny_dir[2])
