@@ -1,0 +1,168 @@
+"""The grain pipeline: shapes and masks, targets that decode back to the recorded actions and answers,
+history windows, deterministic order, per-host sharding, exact iterator resume and bad-input accounting."""
+
+import msgpack
+import numpy as np
+import pytest
+
+from histeve_jax.actions.agent_format import discrete_to_env, env_to_discrete
+from histeve_jax.data import image_processing
+from histeve_jax.data import pipeline as P
+from histeve_jax.data import records as R
+from histeve_jax.data import synthetic as S
+from histeve_jax.data.tokenizer import IM_END_ID, PAD_ID
+
+SPEC = P.FeatureSpec(kind="demo", history=2, stride=3, image_size=(56, 56), max_len=96)
+SEQ = dict(batch_size=4, shuffle=False, num_epochs=1, shard_count=1, shard_index=0)
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    S.write_demo_dataset(d, episodes=4, length=7, gui_fraction=0.5, seed=3, frame_format="png",
+                         records_per_shard=10)
+    return d
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return P.load_tokenizer_with_actions(SPEC)
+
+
+def _all(batches):
+    out = list(batches)
+    return {k: np.concatenate([b[k] for b in out]) for k in out[0]}
+
+
+def _records(d):
+    return [r for p in R.shard_paths(d) for r in R.read_shard(p)]
+
+
+def test_demo_targets_decode_to_recorded_actions(demo_dir, vocab):
+    tok, av = vocab
+    recs = _records(demo_dir)
+    x = _all(P.make_batches(demo_dir, SPEC, P.LoaderOptions(**SEQ)))
+    assert x["input_ids"].shape == (28, 96) and x["pixel_values"].shape == (28, 3 * 16, 1176)
+    assert (x["image_grid_thw"] == [1, 4, 4]).all()
+    for i, rec in enumerate(recs):
+        m = x["loss_mask"][i] > 0
+        n = int(x["attention_mask"][i].sum())
+        assert x["attention_mask"][i, :n].all() and not x["attention_mask"][i, n:].any()
+        assert (x["input_ids"][i, n:] == PAD_ID).all() and not m[n - 1:].any()  # nothing past the end
+        np.testing.assert_array_equal(x["targets"][i, : n - 1], x["input_ids"][i, 1:n])
+        target = x["targets"][i][m]
+        assert target[-1] == IM_END_ID  # the reply ends with <|im_end|>, and only action tokens precede it
+        action, regime = av.decode(target[:-1])
+        assert int(regime) == int(rec.is_gui_open) == int(x["regime"][i])
+        want = discrete_to_env(env_to_discrete(rec.action, "vpt"), "vpt")  # the codebook's quantisation
+        assert {k: int(action[k]) for k in R.BINARY_KEYS} == {k: int(want[k]) for k in R.BINARY_KEYS}
+        np.testing.assert_allclose(action["camera"], want["camera"])
+        assert (x["target_group"][i][m][:1] == P.TARGET_GROUPS.index("type")).all()
+        assert (x["target_group"][i][~m] == P.NO_TARGET).all()
+        assert rec.instruction in tok.decode(x["input_ids"][i, :n])
+
+
+def test_history_frames_are_stride_apart_and_clamped_to_the_episode_start(demo_dir):
+    recs = _records(demo_dir)
+    x = _all(P.make_batches(demo_dir, SPEC, P.LoaderOptions(**SEQ)))
+    for i in (0, 2, 6, 7 + 4):  # steps 0, 2, 6 of the first episode, step 4 of the second
+        s = recs[i].step
+        frames = [R.decode_frame(recs[i - min(k * 3, s)].frame) for k in (2, 1, 0)]
+        want = image_processing.process_images(frames, SPEC.image_config)["pixel_values"]
+        np.testing.assert_array_equal(x["pixel_values"][i], want)
+
+
+def test_world_knowledge_targets_are_the_answer(tmp_path, vocab):
+    tok, _ = vocab
+    S.write_world_knowledge_dataset(tmp_path, samples=6, seed=1)
+    recs = _records(tmp_path)
+    spec = P.FeatureSpec(kind="world_knowledge", image_size=(56, 56), max_len=96)
+    x = _all(P.make_batches(tmp_path, spec, P.LoaderOptions(**{**SEQ, "batch_size": 3})))
+    assert x["pixel_values"].shape == (6, 16, 1176)
+    for i, rec in enumerate(recs):
+        target = x["targets"][i][x["loss_mask"][i] > 0]
+        assert tok.decode(target) == rec.response + "<|im_end|>"
+        assert (x["target_group"][i][x["loss_mask"][i] > 0][:-1] == P.TARGET_GROUPS.index("text")).all()
+
+
+def test_shuffle_is_deterministic_by_seed(demo_dir):
+    def order(seed):
+        opts = P.LoaderOptions(batch_size=4, seed=seed, shard_count=1, num_epochs=1)
+        b = P.make_batches(demo_dir, SPEC, opts)
+        return np.concatenate([x["input_ids"] for x in b])
+
+    a, b, c = order(1), order(1), order(2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert sorted(map(bytes, a)) == sorted(map(bytes, c))  # same samples, other order
+
+
+def test_hosts_get_disjoint_shards_of_the_data(demo_dir):
+    seen = []
+    for host in range(2):
+        opts = P.LoaderOptions(batch_size=2, seed=5, num_epochs=1, shard_index=host, shard_count=2)
+        seen.append({bytes(r) for b in P.make_batches(demo_dir, SPEC, opts) for r in b["pixel_values"]
+                     .reshape(2, -1)})
+    assert seen[0].isdisjoint(seen[1]) and len(seen[0]) == len(seen[1]) == 14
+
+
+def test_iterator_state_resumes_exactly(demo_dir):
+    opts = P.LoaderOptions(batch_size=3, seed=7, shard_count=1)
+    ref = P.make_batches(demo_dir, SPEC, opts)
+    first = [next(ref) for _ in range(4)]
+    state = ref.get_state()
+    rest = [next(ref) for _ in range(12)]  # runs past the end of one epoch
+    resumed = P.make_batches(demo_dir, SPEC, opts)
+    resumed.set_state(state)
+    assert resumed.good == 12
+    for a, b in zip(rest, [next(resumed) for _ in range(12)], strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    assert not np.array_equal(first[0]["input_ids"], rest[0]["input_ids"])
+
+
+def _write_raw(path, blobs):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    w = ArrayRecordWriter(str(path), "group_size:1")
+    for b in blobs:
+        w.write(b)
+    w.close()
+
+
+def _bad_data(tmp_path, n_good_eps=6, n_bad_pairs=1):
+    """Good shards plus: one truncated shard, one record missing a field, one frame that does not decode."""
+    d = tmp_path / "data"
+    S.write_demo_dataset(d, episodes=n_good_eps, length=5, seed=0, records_per_shard=5)
+    good = S.ng_episode(np.random.default_rng(0), "x", 2, 56, 56)
+    missing = R.dataclasses.asdict(good[0])
+    del missing["instruction"]
+    broken = R.dataclasses.replace(good[0], episode_id="y", frame=b"\xff\xd8\xff not a jpeg")
+    _write_raw(d / "zz-00000.array_record",
+               [msgpack.packb(missing, use_bin_type=True), R.serialize(broken)] * n_bad_pairs)
+    data = open(R.shard_paths(d)[0], "rb").read()
+    (d / "zz-00001.array_record").write_bytes(data[: len(data) // 2])
+    return d
+
+
+def test_bad_input_is_skipped_and_counted(tmp_path):
+    d = _bad_data(tmp_path)
+    opts = P.LoaderOptions(batch_size=4, shuffle=False, num_epochs=1, shard_count=1, max_bad_fraction=0.2,
+                           min_samples_for_check=1)
+    b = P.make_batches(d, SPEC, opts)
+    x = _all(b)
+    assert x["input_ids"].shape[0] == 28  # 30 good records, 2 bad ones skipped, last partial batch dropped
+    m = b.metrics()
+    assert m["data/bad_samples"] == 2 and m["data/bad_shards"] == 1
+    assert dict(b.bad) == {"record missing field": 1, "frame does not decode": 1}
+    assert "truncated" in next(iter(b.bad_shards.values()))
+
+
+def test_too_much_bad_input_stops_with_a_clear_message(tmp_path):
+    d = _bad_data(tmp_path, n_good_eps=1, n_bad_pairs=3)  # 5 good records, then 6 bad ones
+    opts = P.LoaderOptions(batch_size=2, shuffle=False, num_epochs=1, shard_count=1, max_bad_fraction=0.4,
+                           min_samples_for_check=1)
+    with pytest.raises(P.DataQualityError, match=r"4 of 9 samples were bad.*record missing field"):
+        list(P.make_batches(d, SPEC, opts))
+    with pytest.raises(P.DataQualityError, match="1 of 3 shards are unreadable"):
+        P.make_batches(d, SPEC, P.LoaderOptions(shard_count=1, max_bad_fraction=0.2))
