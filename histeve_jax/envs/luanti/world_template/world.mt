@@ -4,3 +4,4 @@ player_backend = sqlite3
 auth_backend = sqlite3
 enable_damage = true
 creative_mode = false
+mod_storage_backend = sqlite3

@@ -1,0 +1,341 @@
+"""Scripted experts: they read the privileged info but act only through env-format actions.
+
+Each expert is a small state machine: ``act(info) -> (action, subtask)``, where ``subtask`` names the phase
+the step belongs to (the recorder stores it, so subtask boundaries are where the name changes). Camera motion
+is limited to ``MAX_TURN`` degrees per step in both regimes, so every expert action lies in VPT's camera bins.
+
+GUI geometry (``SLOT_XY``, ``CRAFT_XY``, ``CRAFT_OUTPUT_XY``) is minetest_game's sfinv crafting page measured
+on the 640x360 render with gui_scaling 1 (the config LuantiProcess writes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from histeve_jax.envs.base import PIXELS_PER_DEGREE, noop_action, wrap_degrees, yaw_pitch_to
+from histeve_jax.envs.tasks import Task
+
+EYE_HEIGHT = 1.47  # minetest_game's player eye height above the feet
+REACH = 3.6  # a little under the hand's 4-node range
+MAX_TURN = 10.0  # degrees per step
+AIM_TOL = 1.5  # degrees
+
+# Main inventory slot (1-based) -> cursor position. Row 1 is the hotbar row of the sfinv page.
+_COL_X = [228, 254, 280, 306, 333, 359, 385, 411]
+_ROW_Y = [205, 232, 256, 280]
+SLOT_XY = {i + 1: (_COL_X[i % 8], _ROW_Y[i // 8]) for i in range(32)}
+CRAFT_XY = {(r, c): (273 + 26 * c, 91 + 24 * r) for r in range(3) for c in range(3)}
+CRAFT_OUTPUT_XY = (378, 115)
+
+# Shaped recipes of minetest_game used by the craft tasks: output -> {(row, col): item}.
+RECIPES: dict[str, dict[tuple[int, int], str]] = {
+    "default:wood": {(0, 0): "default:tree"},
+    "default:stick": {(0, 0): "default:wood"},  # one plank -> 4 sticks in minetest_game
+    "default:pick_wood": {(0, 0): "default:wood", (0, 1): "default:wood", (0, 2): "default:wood",
+                          (1, 1): "default:stick", (2, 1): "default:stick"},
+    "default:pick_stone": {(0, 0): "default:cobble", (0, 1): "default:cobble", (0, 2): "default:cobble",
+                           (1, 1): "default:stick", (2, 1): "default:stick"},
+    "default:pick_steel": {(0, 0): "default:steel_ingot", (0, 1): "default:steel_ingot",
+                           (0, 2): "default:steel_ingot", (1, 1): "default:stick", (2, 1): "default:stick"},
+    "default:furnace": {(r, c): "default:cobble" for r in range(3) for c in range(3) if (r, c) != (1, 1)},
+}
+
+
+def _act(**kw: Any) -> dict[str, Any]:
+    a = noop_action()
+    for k, v in kw.items():
+        a[k] = np.asarray(v, np.float32) if k == "camera" else v
+    return a
+
+
+def _clamp(v: float, m: float = MAX_TURN) -> float:
+    return max(-m, min(m, v))
+
+
+class Expert:
+    """A scripted policy for one task; `act` returns the next action and the current subtask name."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self._gen: Iterator[tuple[dict[str, Any], str]] | None = None
+        self.info: dict[str, Any] = {}
+
+    def reset(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self._gen = self.plan()
+        self._sync_look(info)
+
+    def _sync_look(self, info: dict[str, Any]) -> None:
+        self.est_yaw, self.est_pitch = float(info["yaw"]), float(info["pitch"])
+        self._still = 0
+
+    def act(self, info: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """Next (action, subtask) given the info the env returned for the last step."""
+        self.info = info
+        if self._gen is None:
+            self._gen = self.plan()
+            self._sync_look(info)
+        # The reported look lags the commanded one by a step or two (client -> server -> mod), so aim with
+        # dead reckoning (camera degrees map exactly onto the view) and re-sync once the view is still.
+        if self._still >= 3:
+            self.est_yaw, self.est_pitch = float(info["yaw"]), float(info["pitch"])
+        try:
+            action, subtask = next(self._gen)
+        except StopIteration:
+            action, subtask = noop_action(), "done"
+        cam = np.asarray(action["camera"], np.float64)
+        if info["is_gui_open"] or not cam.any():
+            self._still += 1
+        else:
+            self._still = 0
+            self.est_pitch = float(np.clip(self.est_pitch + cam[0], -89.5, 89.5))
+            self.est_yaw = wrap_degrees(self.est_yaw + cam[1])
+        return action, subtask
+
+    def plan(self) -> Iterator[tuple[dict[str, Any], str]]:
+        raise NotImplementedError
+
+    # ---- shared motions, written as generators that yield (action, subtask)
+
+    def eye(self) -> tuple[float, float, float]:
+        x, y, z = self.info["pos"]
+        return x, y + EYE_HEIGHT, z
+
+    def aim_error(self, target: tuple[float, float, float]) -> tuple[float, float]:
+        yaw, pitch = yaw_pitch_to(self.eye(), target)
+        return wrap_degrees(yaw - self.est_yaw), pitch - self.est_pitch
+
+    def turn_to(self, target, subtask: str, tol: float = AIM_TOL, max_steps: int = 60):
+        for _ in range(max_steps):
+            dyaw, dpitch = self.aim_error(target)
+            if abs(dyaw) < tol and abs(dpitch) < tol:
+                return
+            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)]), subtask
+
+    def walk_to(self, target_xz: tuple[float, float], dist: float, subtask: str, max_steps: int = 400):
+        """Turn toward and walk until within `dist` blocks (horizontally) of `target_xz`; jump when stuck."""
+        last = None
+        stuck = 0
+        for _ in range(max_steps):
+            x, _, z = self.info["pos"]
+            d = math.hypot(target_xz[0] - x, target_xz[1] - z)
+            if d <= dist:
+                return
+            yaw = math.degrees(math.atan2(target_xz[0] - x, target_xz[1] - z))
+            dyaw = wrap_degrees(yaw - self.est_yaw)
+            dpitch = -self.est_pitch  # walk looking level
+            moved = last is None or math.hypot(x - last[0], z - last[1]) > 0.02
+            stuck = 0 if moved else stuck + 1
+            last = (x, z)
+            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)], forward=int(abs(dyaw) < 30),
+                       jump=int(stuck > 3)), subtask
+
+    def wait(self, n: int, subtask: str):
+        for _ in range(n):
+            yield noop_action(), subtask
+
+    # ---- GUI
+
+    def open_inventory(self):
+        yield _act(inventory=1), "open_inventory"
+        for _ in range(20):
+            if self.info["is_gui_open"]:
+                return
+            yield noop_action(), "open_inventory"
+        raise RuntimeError("the inventory did not open")
+
+    def close_inventory(self):
+        yield _act(inventory=1), "close_inventory"
+        for _ in range(20):
+            if not self.info["is_gui_open"]:
+                return
+            yield noop_action(), "close_inventory"
+
+    def cursor_to(self, xy: tuple[int, int], subtask: str, max_steps: int = 40):
+        for _ in range(max_steps):
+            cx, cy = self.info["cursor"]
+            dx, dy = xy[0] - cx, xy[1] - cy
+            if abs(dx) <= 1 and abs(dy) <= 1:
+                return
+            yield _act(camera=[_clamp(dy / PIXELS_PER_DEGREE), _clamp(dx / PIXELS_PER_DEGREE)]), subtask
+        raise RuntimeError(f"cursor did not reach {xy} (at {self.info['cursor']})")
+
+    def click(self, button: str, subtask: str):
+        yield _act(**{button: 1}), subtask
+        yield noop_action(), subtask
+
+    def slot_of(self, item: str) -> int | None:
+        for i, s in enumerate(self.info["inventory_slots"], start=1):
+            if s["type"] == item:
+                return i
+        return None
+
+    def empty_slot(self) -> int:
+        for i, s in enumerate(self.info["inventory_slots"], start=1):
+            if s["type"] == "air":
+                return i
+        raise RuntimeError("no empty inventory slot")
+
+
+class MineExpert(Expert):
+    """Walk to the nearest node of `names`, aim at its exposed face and dig until `goal` drops are held."""
+
+    def __init__(self, task: Task, names: tuple[str, ...], drop: str, goal: int = 1, face: str = "side",
+                 tool_slot: int | None = None):
+        super().__init__(task)
+        self.names, self.drop, self.goal, self.face, self.tool_slot = names, drop, goal, face, tool_slot
+
+    def target(self) -> tuple[int, int, int] | None:
+        x, y, z = self.info["pos"]
+        eye_y = y + EYE_HEIGHT
+        best, best_d = None, 1e9
+        for name, p in self.info.get("nearby", []):
+            if name not in self.names:
+                continue
+            d = math.hypot(p[0] - x, p[2] - z)
+            if self.face == "top" and d < 1.5:  # the node under the player's feet
+                continue
+            # prefer nodes at eye level for side faces, close ones first
+            d += 0.6 * abs(p[1] - eye_y + 0.5) if self.face == "side" else 0.0
+            if d < best_d:
+                best, best_d = tuple(int(v) for v in p), d
+        return best
+
+    def face_point(self, node: tuple[int, int, int]) -> tuple[float, float, float]:
+        nx, ny, nz = node
+        if self.face == "top":
+            return nx, ny + 0.5, nz
+        ex, _, ez = self.eye()
+        dx, dz = ex - nx, ez - nz
+        if abs(dx) > abs(dz):
+            return nx + 0.5 * math.copysign(1, dx), ny, nz
+        return nx, ny, nz + 0.5 * math.copysign(1, dz)
+
+    def plan(self):
+        if self.tool_slot is not None:
+            yield _act(**{f"hotbar.{self.tool_slot}": 1}), "select_tool"
+            yield noop_action(), "select_tool"
+        while self.info["inventory"].get(self.drop, 0) < self.goal:
+            node = self.target()
+            if node is None:
+                yield from self.wait(1, "search")
+                continue
+            x, _, z = self.info["pos"]
+            if math.hypot(node[0] - x, node[2] - z) > REACH - 0.5:
+                yield from self.walk_to((node[0], node[2]), REACH - 1.0, "approach")
+            point = self.face_point(node)
+            yield from self.turn_to(point, "aim")
+            mined_before = sum(self.info["mine_block"].values())
+            for _ in range(200):
+                if sum(self.info["mine_block"].values()) > mined_before:
+                    break
+                dyaw, dpitch = self.aim_error(point)
+                yield _act(attack=1, camera=[_clamp(dpitch, 2), _clamp(dyaw, 2)]), "dig"
+            yield noop_action(), "dig"
+
+
+class CraftExpert(Expert):
+    """Open the inventory, lay out a recipe in the 3x3 grid by clicking, take the output, close."""
+
+    def __init__(self, task: Task, output: str, goal: int):
+        super().__init__(task)
+        self.output, self.goal = output, goal
+        self.recipe = RECIPES[output]
+
+    def plan(self):
+        yield from self.open_inventory()
+        yield from self.wait(2, "open_inventory")
+        while self.info["inventory"].get(self.output, 0) < self.goal:
+            need: dict[str, list[tuple[int, int]]] = {}
+            for cell, item in sorted(self.recipe.items()):
+                need.setdefault(item, []).append(cell)
+            for item, cells in need.items():
+                slot = self.slot_of(item)
+                if slot is None:
+                    raise RuntimeError(f"no {item} in the inventory for {self.output}")
+                yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
+                yield from self.click("attack", f"pick_{item}")  # the whole stack onto the cursor
+                for cell in cells:
+                    yield from self.cursor_to(CRAFT_XY[cell], f"place_{item}")
+                    yield from self.click("use", f"place_{item}")  # one item into the grid
+                yield from self.cursor_to(SLOT_XY[slot], f"return_{item}")
+                yield from self.click("attack", f"return_{item}")  # the rest back where it came from
+            yield from self.cursor_to(CRAFT_OUTPUT_XY, "take_output")
+            yield from self.click("attack", "take_output")
+            yield from self.wait(1, "take_output")
+            slot = self.slot_of(self.output)
+            dest = slot if slot is not None else self.empty_slot()
+            yield from self.cursor_to(SLOT_XY[dest], "store_output")
+            before = self.info["inventory"].get(self.output, 0)
+            yield from self.click("attack", "store_output")
+            for _ in range(10):  # the server's inventory reaches the info a step or two later
+                if self.info["inventory"].get(self.output, 0) > before:
+                    break
+                yield noop_action(), "store_output"
+        yield from self.close_inventory()
+
+
+class PlaceExpert(Expert):
+    """Place the hotbar-1 block on the ground at each of `cells` (x, z) by right-clicking top faces."""
+
+    def __init__(self, task: Task, item: str, cells: list[tuple[int, int]], ground_y: int = 8):
+        super().__init__(task)
+        self.item, self.cells, self.ground_y = item, cells, ground_y
+
+    def plan(self):
+        yield _act(**{"hotbar.1": 1}), "select_block"
+        yield noop_action(), "select_block"
+        for cx, cz in self.cells:
+            point = (cx, self.ground_y + 0.5, cz)
+            placed = self.info["place_block"].get(self.item, 0)
+            for _ in range(3):
+                yield from self.turn_to(point, "aim")
+                yield from self.click("use", "place")
+                yield from self.wait(3, "place")
+                if self.info["place_block"].get(self.item, 0) > placed:
+                    break
+
+
+class ExploreExpert(Expert):
+    """Find the nearest `name` node in the privileged nearby list and walk up to it."""
+
+    def __init__(self, task: Task, name: str, radius: float):
+        super().__init__(task)
+        self.name, self.radius = name, radius
+
+    def plan(self):
+        while True:
+            found = [p for n, p in self.info.get("nearby", []) if n == self.name]
+            if found:
+                break
+            yield _act(camera=[0.0, MAX_TURN]), "search"
+        p = found[0]
+        yield from self.walk_to((p[0], p[2]), self.radius * 0.6, "walk_to_target")
+        yield from self.wait(2, "arrived")
+
+
+def expert_for(task: Task) -> Expert:
+    """The scripted expert for a shipped atomic task (KeyError for tasks without one)."""
+    makers = {
+        "mine_log": lambda t: MineExpert(t, ("default:tree",), "default:tree"),
+        "mine_dirt": lambda t: MineExpert(t, ("default:dirt_with_grass", "default:dirt"), "default:dirt",
+                                          face="top"),
+        "mine_stone": lambda t: MineExpert(t, ("default:stone",), "default:cobble", tool_slot=1),
+        "craft_planks": lambda t: CraftExpert(t, "default:wood", 4),
+        "craft_sticks": lambda t: CraftExpert(t, "default:stick", 4),
+        "craft_wooden_pickaxe": lambda t: CraftExpert(t, "default:pick_wood", 1),
+        "place_dirt": lambda t: PlaceExpert(t, "default:dirt", [(0, 2)]),
+        "build_wall": lambda t: PlaceExpert(t, "default:dirt", [(-1, 2), (0, 2), (1, 2)]),
+        "find_gold": lambda t: ExploreExpert(t, "default:goldblock", 2.0),
+    }
+    if task.name not in makers:
+        raise KeyError(f"no scripted expert for task {task.name!r}; experts cover {sorted(makers)}")
+    return makers[task.name](task)
+
+
+EXPERT_TASKS = ("mine_log", "mine_dirt", "mine_stone", "craft_planks", "craft_sticks", "craft_wooden_pickaxe",
+                "place_dirt", "build_wall", "find_gold")

@@ -1,0 +1,389 @@
+"""LuantiEnv: the env-format interface over a real minetest client under Xvfb.
+
+Input goes through XTest, frames come from the Xvfb screen through mss, privileged state comes from the
+histeve_bridge mod's JSON file. Steps are paced to 50 ms of wall time because the client runs in real time.
+
+GUI state: the server is not told when the client opens its inventory or a furnace, so ``is_gui_open`` is read
+from the frame itself: the crosshair (white pixels in the centre) is drawn in play and hidden under every
+formspec. ``cursor`` is the X pointer position while a GUI is open (in play minetest re-centres the pointer
+every frame).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import mss
+import numpy as np
+from gymnasium import spaces
+from PIL import Image
+
+from histeve_jax.actions.codebook import BUTTONS, CAMERA
+from histeve_jax.envs.base import (
+    EVENT_KEYS,
+    PIXELS_PER_DEGREE,
+    RENDER_SIZE,
+    STEP_SECONDS,
+    inventory_counts,
+    slot_list,
+    validate_action,
+)
+from histeve_jax.envs.luanti.arena import reset_ops
+from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
+from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
+from histeve_jax.envs.luanti.xinput import XInput
+from histeve_jax.envs.tasks import Task, load_task
+
+# Per-event pointer motion limits in play: the pointer sits at the centre (320, 180) and the X server clamps
+# it to the screen, so larger motions are split across frames.
+_MAX_DX, _MAX_DY = 300, 170
+
+
+def crosshair_visible(frame: np.ndarray) -> bool:
+    """True if minetest's white crosshair is drawn at the centre of a 360x640 render (i.e. no GUI open)."""
+    h, w = frame.shape[:2]
+    cy, cx = h // 2, w // 2
+    vert = frame[cy - 8:cy + 9, cx]
+    horiz = frame[cy, cx - 8:cx + 9]
+    return bool((vert >= 250).all() and (horiz >= 250).all())
+
+
+class LuantiEnv(gym.Env):
+    """Luanti (minetest 5.6) as a gymnasium env with MineStudio's action and info formats (see base.py)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+
+    def __init__(
+        self,
+        obs_size: tuple[int, int] = (224, 224),
+        *,
+        task: str | Task = "mine_log",
+        fps_max: int = 30,
+        viewing_range: int = 40,
+        map_seed: int = 20240613,
+        realtime: bool = True,
+        hang_timeout_s: float = 10.0,
+        startup_timeout_s: float = 90.0,
+        terminate_on_success: bool = True,
+    ):
+        if len(obs_size) != 2 or min(obs_size) < 1:
+            raise ValueError(f"obs_size must be (H, W) with positive sizes, got {obs_size}")
+        self.obs_size = (int(obs_size[0]), int(obs_size[1]))
+        self.task = load_task(task) if isinstance(task, str) else task
+        self.fps_max = fps_max
+        self.viewing_range = viewing_range
+        self.map_seed = map_seed
+        self.realtime = realtime
+        self.hang_timeout_s = hang_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.terminate_on_success = terminate_on_success
+        self.observation_space = spaces.Dict(
+            {"image": spaces.Box(0, 255, (*self.obs_size, 3), dtype=np.uint8)})
+        self.action_space = spaces.Dict(
+            {**{k: spaces.Discrete(2) for k in BUTTONS},
+             CAMERA: spaces.Box(-180.0, 180.0, (2,), dtype=np.float32)})
+        self.proc: LuantiProcess | None = None
+        self.x: XInput | None = None
+        self._grabber = None
+        self._held: dict[str, int] = {}
+        self._residual = np.zeros(2)  # sub-pixel motion carried to the next step, [dy, dx]
+        self._cmd_id = 0
+        self._steps = 0
+        self._last_t = 0.0
+        self._state: dict[str, Any] = {}
+        self._state_tick = -1
+        self._state_changed_t = 0.0
+        self._succeeded = False
+        self._frame = np.zeros((*RENDER_SIZE, 3), np.uint8)
+        self.starts = 0  # how many game instances this env has started (restarts after crashes count)
+
+    # ---------------------------------------------------------------- process lifecycle
+
+    def _start(self) -> None:
+        self.proc = LuantiProcess(fps_max=self.fps_max, viewing_range=self.viewing_range,
+                                  map_seed=self.map_seed, startup_timeout_s=self.startup_timeout_s)
+        self.starts += 1
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.proc.state_path.exists():
+            self.proc.check_alive()
+            if time.monotonic() > deadline:
+                raise GameHung(f"no state from the game within {self.startup_timeout_s:.0f} s; "
+                               f"log: {self.proc.log_tail()}")
+            time.sleep(0.1)
+        self.x = XInput(self.proc.display)
+        self.x.find_window(timeout_s=max(1.0, deadline - time.monotonic()), alive=self.proc.check_alive)
+        from Xlib import X
+        # Autorepeat would turn a held inventory key into a stream of toggles.
+        self.x.d.change_keyboard_control(auto_repeat_mode=X.AutoRepeatModeOff)
+        self._grabber = mss.MSS(display=self.proc.display)
+        self._held = {}
+        time.sleep(0.5)
+        self.x.tap_f2()  # hide the chat overlay ("agent joined the game")
+        time.sleep(3.0)  # the "Chat hidden" notice fades before the first frame is taken
+        self._state_changed_t = time.monotonic()
+
+    def _shutdown(self) -> None:
+        if self._grabber is not None:
+            try:
+                self._grabber.close()
+            except Exception:  # noqa: BLE001 (the display may be gone already)
+                pass
+            self._grabber = None
+        if self.x is not None:
+            self.x.close()
+            self.x = None
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def close(self) -> None:
+        """Stop the game and its display (by pid) and remove the temp world."""
+        self._shutdown()
+
+    def _fail(self, err: GameError) -> GameError:
+        # Any game failure tears the instance down; the next reset starts a fresh one.
+        self._shutdown()
+        return err
+
+    def pids(self) -> list[int]:
+        """Pids of the running game and Xvfb processes (empty when none is running)."""
+        return self.proc.pids() if self.proc is not None else []
+
+    # ---------------------------------------------------------------- state and commands
+
+    def _read_state(self) -> dict[str, Any]:
+        path = self.proc.state_path
+        for _ in range(5):
+            try:
+                state = json.loads(path.read_text())
+                break
+            except (OSError, json.JSONDecodeError):
+                time.sleep(0.005)  # the rename keeps the file whole; this only covers odd filesystems
+        else:
+            state = self._state
+        now = time.monotonic()
+        if state.get("tick") != self._state_tick:
+            self._state_tick = state.get("tick")
+            self._state_changed_t = now
+        elif now - self._state_changed_t > self.hang_timeout_s:
+            raise self._fail(GameHung(f"the game's state has not changed for {self.hang_timeout_s:.0f} s "
+                                      f"(tick {self._state_tick})"))
+        self._state = state
+        return state
+
+    def _check(self) -> None:
+        try:
+            self.proc.check_alive()
+        except GameCrashed as e:
+            raise self._fail(e) from None
+
+    def command(self, ops: list[dict[str, Any]], timeout_s: float = 30.0) -> dict[str, Any]:
+        """Run mod commands (see the mod's `ops`) and wait until the mod has executed them all."""
+        self._cmd_id += 1
+        cmd_path: Path = self.proc.command_path
+        deadline = time.monotonic() + timeout_s
+        while cmd_path.exists():  # the mod has not consumed the previous command yet
+            self._check()
+            if time.monotonic() > deadline:
+                raise self._fail(GameHung("the mod did not read its command file"))
+            time.sleep(0.01)
+        tmp = cmd_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"id": self._cmd_id, "ops": ops}))
+        os.replace(tmp, cmd_path)
+        while True:
+            self._check()
+            state = self._read_state()
+            if int(state.get("acked_cmd", -1)) == self._cmd_id:
+                errors = state.get("errors") or []
+                if errors:
+                    raise RuntimeError(f"mod command {self._cmd_id} failed: {errors}")
+                return state
+            if time.monotonic() > deadline:
+                raise self._fail(GameHung(f"mod command {self._cmd_id} not done within {timeout_s:.0f} s"))
+            time.sleep(0.01)
+
+    # ---------------------------------------------------------------- input
+
+    def _set_held(self, name: str, down: int) -> None:
+        if self._held.get(name, 0) == down:
+            return
+        if name in MOUSE_BUTTONS:
+            self.x.button(name, bool(down))
+        else:
+            self.x.key(name, bool(down))
+        self._held[name] = down
+
+    def _release_all(self) -> None:
+        for name in list(self._held):
+            self._set_held(name, 0)
+        self.x.sync()
+
+    def _move(self, dpitch: float, dyaw: float, gui: bool) -> None:
+        want = np.array([dpitch, dyaw]) * PIXELS_PER_DEGREE + self._residual
+        px = np.round(want)
+        self._residual = want - px
+        dy, dx = int(px[0]), int(px[1])
+        if gui:
+            self.x.move(dx, dy)  # the pointer is free in a GUI; X clamps it to the screen
+            return
+        while dx or dy:
+            sx, sy = max(-_MAX_DX, min(_MAX_DX, dx)), max(-_MAX_DY, min(_MAX_DY, dy))
+            self.x.move(sx, sy)
+            dx, dy = dx - sx, dy - sy
+            if dx or dy:  # let the client consume this motion and re-centre before the next piece
+                self.x.sync()
+                time.sleep(1.5 / self.fps_max)
+
+    # ---------------------------------------------------------------- observation
+
+    def _grab(self) -> np.ndarray:
+        shot = self._grabber.grab(self._grabber.monitors[0])
+        bgra = np.frombuffer(shot.raw, np.uint8).reshape(shot.height, shot.width, 4)
+        self._frame = np.ascontiguousarray(bgra[:, :, 2::-1])
+        return self._frame
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        h, w = self.obs_size
+        img = self._frame
+        if (h, w) != img.shape[:2]:
+            img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
+        return {"image": img}
+
+    def render(self) -> np.ndarray:
+        """The last full-size 360x640 frame."""
+        return self._frame
+
+    def _info(self, state: dict[str, Any]) -> dict[str, Any]:
+        main = state.get("main") or {}
+        slots = slot_list(main.get("names") or [], [int(c) for c in (main.get("counts") or [])])
+        gui = not crosshair_visible(self._frame)
+        events = state.get("events") or {}
+        info = {
+            "inventory": inventory_counts(slots),
+            "hotbar": slots[:9],
+            "inventory_slots": slots,
+            "held_slot": int(state.get("wield_index", 1)),
+            "is_gui_open": gui,
+            "cursor": self.x.pointer() if gui else None,
+            "pos": tuple(float(v) for v in state.get("pos", (0.0, 0.0, 0.0))),
+            "yaw": float(state.get("yaw", 0.0)),
+            "pitch": float(state.get("pitch", 0.0)),
+            "health": float(state.get("hp", 0.0)),
+            **{k: {n: int(c) for n, c in (events.get(k) or {}).items()} for k in EVENT_KEYS},
+            "nearby": [(n["name"], tuple(n["pos"])) for n in (state.get("nearby") or [])],
+            "tick": int(state.get("tick", 0)),
+            "task": self.task.name,
+            "steps": self._steps,
+        }
+        info["success"] = self.task.is_success(info)
+        info["subgoals_done"] = self.task.subgoals_done(info)
+        return info
+
+    # ---------------------------------------------------------------- gym API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Restore the task's initial state (same world, teleport, look, time, inventory; no mobs or weather).
+
+        options: {"task": name or Task}. A dead or hung game is restarted here. The seed only seeds
+        `self.np_random`: the Luanti world itself is fixed, so every reset of a task is identical.
+        """
+        super().reset(seed=seed)
+        options = options or {}
+        if "task" in options:
+            t = options["task"]
+            self.task = load_task(t) if isinstance(t, str) else t
+        if self.proc is not None:
+            try:
+                self.proc.check_alive()
+            except GameCrashed:
+                self._shutdown()
+        if self.proc is None:
+            self._start()
+        try:
+            return self._reset_in_game()
+        except (OSError, ConnectionError) as e:  # the X connection or the world dir vanished
+            raise self._fail(GameCrashed(f"the game went away during reset: {e}")) from e
+
+    def _reset_in_game(self):
+        self._release_all()
+        self._grab()
+        if not crosshair_visible(self._frame):  # a GUI is open: the inventory key closes any formspec
+            for _ in range(3):
+                self.x.key("inventory", True)
+                self.x.sync()
+                time.sleep(0.05)
+                self.x.key("inventory", False)
+                self.x.sync()
+                time.sleep(0.3)
+                if crosshair_visible(self._grab()):
+                    break
+        state = self.command(reset_ops(self.task), timeout_s=60.0)
+        self.x.key("hotbar.1", True)
+        self.x.sync()
+        time.sleep(0.05)
+        self.x.key("hotbar.1", False)
+        self.x.sync()
+        # Let the client receive the rebuilt blocks and the teleport before the first frame.
+        target = np.array(self.task.init.get("pos", state["pos"]))
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            state = self._read_state()
+            if np.abs(np.array(state["pos"]) - target).max() < 0.05 and int(state.get("wield_index", 0)) == 1:
+                break
+        time.sleep(0.4)
+        self._residual[:] = 0.0
+        self._steps = 0
+        self._succeeded = False
+        self._grab()
+        state = self._read_state()
+        self._last_t = time.monotonic()
+        return self._obs(), self._info(state)
+
+    def step(self, action: dict[str, Any]):
+        """One 50 ms step with an env-format action; returns (obs, reward, terminated, truncated, info).
+
+        reward is 1.0 on the step the task's success check first holds, else 0.0.
+        """
+        if self.proc is None:
+            raise RuntimeError("LuantiEnv.step() before reset() (or after a game error: call reset())")
+        a = validate_action(action)
+        self._check()
+        gui = not crosshair_visible(self._frame)
+        try:
+            for name in BUTTONS:
+                self._set_held(name, a[name])
+            cam = a[CAMERA]
+            self._move(float(cam[0]), float(cam[1]), gui)
+            self.x.sync()
+            if self.realtime:
+                wait = self._last_t + STEP_SECONDS - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            self._last_t = max(self._last_t + STEP_SECONDS, time.monotonic() - STEP_SECONDS)
+            self._grab()
+        except (OSError, ConnectionError) as e:
+            self._check()
+            raise self._fail(GameCrashed(f"lost the game's display: {e}")) from e
+        state = self._read_state()
+        self._steps += 1
+        info = self._info(state)
+        reward = 0.0
+        if info["success"] and not self._succeeded:
+            self._succeeded = True
+            reward = 1.0
+        terminated = bool(info["success"] and self.terminate_on_success)
+        truncated = self._steps >= self.task.max_steps
+        return self._obs(), reward, terminated, truncated, info
+
+    def __del__(self):
+        try:
+            self._shutdown()
+        except Exception:  # noqa: BLE001 (interpreter teardown)
+            pass
+
