@@ -11,6 +11,7 @@ every frame).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -33,7 +34,7 @@ from histeve_jax.envs.base import (
     slot_list,
     validate_action,
 )
-from histeve_jax.envs.luanti.arena import reset_ops
+from histeve_jax.envs.luanti.arena import DEFAULT_POS, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
@@ -70,6 +71,7 @@ class LuantiEnv(gym.Env):
         hang_timeout_s: float = 10.0,
         startup_timeout_s: float = 90.0,
         terminate_on_success: bool = True,
+        randomize_init: bool = False,
     ):
         if len(obs_size) != 2 or min(obs_size) < 1:
             raise ValueError(f"obs_size must be (H, W) with positive sizes, got {obs_size}")
@@ -82,6 +84,8 @@ class LuantiEnv(gym.Env):
         self.hang_timeout_s = hang_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.terminate_on_success = terminate_on_success
+        self.randomize_init = randomize_init
+        self.episode_task = self.task
         self.observation_space = spaces.Dict(
             {"image": spaces.Box(0, 255, (*self.obs_size, 3), dtype=np.uint8)})
         self.action_space = spaces.Dict(
@@ -289,14 +293,23 @@ class LuantiEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Restore the task's initial state (same world, teleport, look, time, inventory; no mobs or weather).
 
-        options: {"task": name or Task}. A dead or hung game is restarted here. The seed only seeds
-        `self.np_random`: the Luanti world itself is fixed, so every reset of a task is identical.
+        options: {"task": name or Task}. A dead or hung game is restarted here. The world is fixed, so two
+        resets of a task give the same state; with ``randomize_init`` the start position (+-0.25 blocks) and
+        yaw (+-15 degrees) are drawn from the seed, so (seed, task) still fixes the initial state.
         """
         super().reset(seed=seed)
         options = options or {}
         if "task" in options:
             t = options["task"]
             self.task = load_task(t) if isinstance(t, str) else t
+        self.episode_task = self.task
+        if self.randomize_init:
+            init = dict(self.task.init)
+            x, y, z = init.get("pos", DEFAULT_POS)
+            dx, dz = self.np_random.uniform(-0.25, 0.25, size=2)
+            init["pos"] = [float(x + dx), float(y), float(z + dz)]
+            init["yaw"] = float(init.get("yaw", 0.0) + self.np_random.uniform(-15.0, 15.0))
+            self.episode_task = dataclasses.replace(self.task, init=init)
         if self.proc is not None:
             try:
                 self.proc.check_alive()
@@ -311,6 +324,7 @@ class LuantiEnv(gym.Env):
 
     def _reset_in_game(self):
         self._release_all()
+        time.sleep(0.1)
         self._grab()
         if not crosshair_visible(self._frame):  # a GUI is open: the inventory key closes any formspec
             for _ in range(3):
@@ -322,20 +336,25 @@ class LuantiEnv(gym.Env):
                 time.sleep(0.3)
                 if crosshair_visible(self._grab()):
                     break
-        state = self.command(reset_ops(self.task), timeout_s=60.0)
+        state = self.command(reset_ops(self.episode_task), timeout_s=60.0)
         self.x.key("hotbar.1", True)
         self.x.sync()
         time.sleep(0.05)
         self.x.key("hotbar.1", False)
         self.x.sync()
-        # Let the client receive the rebuilt blocks and the teleport before the first frame.
-        target = np.array(self.task.init.get("pos", state["pos"]))
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        # Let the client receive the rebuilt blocks and the teleport before the first frame. The client owns
+        # the player's motion, so momentum from the last episode can carry it off the teleport target: settle,
+        # then teleport again until the position holds exactly.
+        init = self.episode_task.init
+        target = np.array(init.get("pos", DEFAULT_POS))
+        look = {"op": "set_look", "yaw": float(init.get("yaw", 0.0)), "pitch": float(init.get("pitch", 0.0))}
+        again = [{"op": "set_pos", "pos": target.tolist()}, look]
+        for _ in range(5):
+            time.sleep(0.25)
             state = self._read_state()
-            if np.abs(np.array(state["pos"]) - target).max() < 0.05 and int(state.get("wield_index", 0)) == 1:
+            if np.abs(np.array(state["pos"]) - target).max() < 1e-3 and int(state.get("wield_index", 0)) == 1:
                 break
+            self.command(again)
         time.sleep(0.4)
         self._residual[:] = 0.0
         self._steps = 0

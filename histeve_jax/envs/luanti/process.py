@@ -255,6 +255,7 @@ def _free_udp_port() -> int:
 
 def _terminate(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
     if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)  # a stopped (hung) process would hold SIGTERM until continued
         proc.terminate()
         try:
             proc.wait(grace_s)
@@ -269,6 +270,7 @@ def _stop_processes(pids: list[int], root: str, keep_dir: bool) -> None:
     # Finalizer path: only pids are left (the Popen objects may be gone), so signal and reap by pid.
     for pid in pids:
         try:
+            os.kill(pid, signal.SIGCONT)
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             continue

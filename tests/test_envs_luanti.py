@@ -1,0 +1,198 @@
+"""The Luanti backend against the real game under Xvfb: state read back through the bridge mod and the frame."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from histeve_jax.envs import base, load_task, make, noop_action
+from histeve_jax.envs.experts import expert_for
+from histeve_jax.envs.luanti import GameCrashed, GameHung, minetest_available
+
+pytestmark = [
+    pytest.mark.game,
+    pytest.mark.skipif(not minetest_available(), reason="minetest or Xvfb not installed (apt-get install "
+                       "minetest xvfb)"),
+]
+
+
+def _act(**kw):
+    a = noop_action()
+    for k, v in kw.items():
+        a[k] = np.asarray(v, np.float32) if k == "camera" else v
+    return a
+
+
+def _steps(env, action, n):
+    for _ in range(n):
+        out = env.step(action)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = make("luanti", obs_size=(90, 160), task="mine_log", hang_timeout_s=4.0)
+    yield e
+    e.close()
+
+
+def test_reset_gives_the_task_initial_state(env):
+    task = load_task("mine_stone")
+    obs, info = env.reset(options={"task": task})
+    assert obs["image"].shape == (90, 160, 3) and obs["image"].dtype == np.uint8
+    assert set(base.INFO_KEYS) <= set(info)
+    np.testing.assert_allclose(info["pos"], task.init["pos"], atol=0.05)
+    assert abs(info["yaw"]) < 0.01 and abs(info["pitch"]) < 0.01
+    assert info["inventory"] == {"default:pick_wood": 1}
+    assert info["hotbar"][0] == {"type": "default:pick_wood", "quantity": 1}
+    assert info["health"] == 20.0 and info["held_slot"] == 1
+    assert not info["is_gui_open"] and info["cursor"] is None
+    assert all(info[k] == {} for k in base.EVENT_KEYS)
+    # The stone wall the task places is in the world (the mod reports watched nodes near the player).
+    assert ("default:stone", (0, 9, 2)) in info["nearby"]
+
+
+def test_forward_moves_the_player_along_its_yaw(env):
+    _, info0 = env.reset(options={"task": "craft_planks"})
+    _, _, _, _, info = _steps(env, _act(forward=1), 20)
+    _, _, _, _, info = _steps(env, noop_action(), 5)
+    dz = info["pos"][2] - info0["pos"][2]
+    assert dz > 2.0, f"walked {dz} blocks along +z in 1 s"
+    assert abs(info["pos"][0] - info0["pos"][0]) < 0.1
+
+
+def test_camera_turns_the_view_by_the_requested_angle(env):
+    _, info0 = env.reset(options={"task": "craft_planks"})
+    _steps(env, _act(camera=[0.0, 4.5]), 10)  # 45 degrees right
+    _steps(env, _act(camera=[-2.0, 0.0]), 5)  # 10 degrees up
+    _, _, _, _, info = _steps(env, noop_action(), 6)
+    assert info["yaw"] - info0["yaw"] == pytest.approx(45.0, abs=0.2)
+    assert info["pitch"] - info0["pitch"] == pytest.approx(-10.0, abs=0.2)
+    _, _, _, _, info = _steps(env, _act(camera=[0.0, -100.0]), 1)  # one big motion, split across frames
+    _, _, _, _, info = _steps(env, noop_action(), 8)
+    assert base.wrap_degrees(info["yaw"] - info0["yaw"]) == pytest.approx(-55.0, abs=0.2)
+
+
+def test_attacking_a_tree_with_an_empty_hand_yields_a_log(env):
+    obs, info = env.reset(options={"task": "mine_log"})
+    assert info["inventory"] == {}
+    for i in range(120):  # 3.5 s to dig default:tree by hand
+        obs, reward, terminated, _, info = env.step(_act(attack=1))
+        if terminated:
+            break
+    assert info["inventory"].get("default:tree") == 1, f"after {i + 1} steps: {info['inventory']}"
+    assert info["mine_block"] == {"default:tree": 1} and info["pickup"] == {"default:tree": 1}
+    assert reward == 1.0 and info["success"]
+
+
+def test_inventory_key_opens_the_gui_and_camera_moves_the_cursor(env):
+    env.reset(options={"task": "craft_planks"})
+    env.step(_act(inventory=1))
+    _, _, _, _, info = _steps(env, noop_action(), 4)
+    assert info["is_gui_open"]
+    x0, y0 = info["cursor"]
+    _, _, _, _, info = env.step(_act(camera=[6.0, -15.0]))
+    x1, y1 = info["cursor"]
+    assert (x1 - x0, y1 - y0) == (round(-15 * base.PIXELS_PER_DEGREE), round(6 * base.PIXELS_PER_DEGREE))
+    assert info["yaw"] == 0.0, "camera motion in a GUI must not turn the view"
+    env.step(_act(inventory=1))
+    _, _, _, _, info = _steps(env, noop_action(), 4)
+    assert not info["is_gui_open"] and info["cursor"] is None
+
+
+def test_expert_crafts_planks_in_the_inventory_gui(env):
+    task = load_task("craft_planks")
+    _, info = env.reset(options={"task": task})
+    expert = expert_for(task)
+    expert.reset(info)
+    gui_steps = 0
+    for _ in range(task.max_steps):
+        action, _ = expert.act(info)
+        _, _, terminated, truncated, info = env.step(action)
+        gui_steps += info["is_gui_open"]
+        if terminated or truncated:
+            break
+    assert info["success"] and info["inventory"].get("default:wood", 0) >= 4
+    assert info["craft_item"] == {"default:wood": 4}
+    assert gui_steps > 5
+
+
+def test_two_resets_give_the_same_state(env):
+    def snapshot():
+        obs, info = env.reset(seed=3, options={"task": "mine_log"})
+        keys = ("pos", "yaw", "pitch", "inventory", "health", "held_slot", "nearby", *base.EVENT_KEYS)
+        return obs["image"].astype(np.int16), {k: info[k] for k in keys}
+
+    img1, s1 = snapshot()
+    # Change the world and the player between the resets.
+    _steps(env, _act(attack=1, camera=[0.0, 1.0]), 10)
+    _steps(env, _act(forward=1), 10)
+    img2, s2 = snapshot()
+    assert s1 == s2
+    assert np.abs(img1 - img2).mean() < 2.0
+
+
+def test_randomized_init_is_a_function_of_the_seed(env):
+    env.randomize_init = True
+    try:
+        _, a = env.reset(seed=11, options={"task": "mine_log"})
+        _, b = env.reset(seed=12, options={"task": "mine_log"})
+        _, c = env.reset(seed=11, options={"task": "mine_log"})
+    finally:
+        env.randomize_init = False
+    assert a["pos"] == c["pos"] and a["yaw"] == pytest.approx(c["yaw"], abs=1e-6)
+    assert a["pos"] != b["pos"]
+
+
+def test_killing_the_game_raises_and_the_next_reset_recovers(env):
+    env.reset(options={"task": "mine_log"})
+    game_pid, xvfb_pid = env.pids()
+    starts = env.starts
+    os.kill(game_pid, signal.SIGKILL)
+    with pytest.raises(GameCrashed, match="minetest exited"):
+        for _ in range(40):
+            env.step(noop_action())
+    assert not _exists(game_pid) and not _exists(xvfb_pid), "crashed instance not stopped and reaped"
+    obs, info = env.reset(options={"task": "mine_log"})
+    assert env.starts == starts + 1 and env.pids()[0] != game_pid
+    _, _, _, _, info = env.step(_act(forward=1))
+    assert info["pos"][1] == pytest.approx(8.5, abs=0.05)
+
+
+def test_a_hung_game_raises_gamehung(env):
+    env.reset(options={"task": "mine_log"})
+    game_pid, _ = env.pids()
+    os.kill(game_pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    with pytest.raises(GameHung):
+        while time.monotonic() - t0 < 30:
+            env.step(noop_action())
+    assert not _exists(game_pid)
+    env.reset(options={"task": "mine_log"})
+    assert env.pids() and env.pids()[0] != game_pid
+
+
+def test_close_leaves_no_processes_or_zombies():
+    e = make("luanti", obs_size=(36, 64))
+    e.reset(options={"task": "place_dirt"})
+    pids = e.pids()
+    root = e.proc.root
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    e.close()
+    assert not any(_exists(p) for p in pids), "processes or zombies left after close()"
+    assert not root.exists()
