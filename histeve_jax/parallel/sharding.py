@@ -176,9 +176,7 @@ def tree_shardings(tree: Any, mesh: jax.sharding.Mesh | jax.sharding.AbstractMes
 
 def with_shardings(abstract: Any, shardings: Any) -> Any:
     """Abstract arrays (``ShapeDtypeStruct``) that carry the given shardings, for AOT lowering and restore."""
-    return jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
 def unannotated_params(tree: Any) -> list[str]:

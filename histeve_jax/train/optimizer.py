@@ -95,4 +95,4 @@ def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedu
 
 def global_norm(tree: Any) -> jax.Array:
     """The L2 norm over all leaves (for logging gradient and parameter norms)."""
-    return optax.global_norm(jax.tree.leaves(tree))
+    return optax.tree.norm(tree)
