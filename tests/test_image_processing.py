@@ -188,3 +188,11 @@ def test_sample_frame_indices_without_a_target_keeps_every_frame():
     np.testing.assert_array_equal(ip.sample_frame_indices(9, 20.0), np.arange(9))
     with pytest.raises(ValueError, match="mutually exclusive"):
         ip.sample_frame_indices(9, 20.0, fps=2, num_frames=4)
+
+
+def test_an_image_is_a_one_frame_video():
+    image = _image(84, 140, 11)
+    video = ip.process_videos([image[None]], config=ip.IMAGE_CONFIG)
+    single = ip.process_images([image])
+    np.testing.assert_array_equal(video["video_grid_thw"], single["image_grid_thw"])
+    np.testing.assert_array_equal(video["pixel_values_videos"], single["pixel_values"])

@@ -7,6 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 from hf_video_reference import hf_video_patchify
+from PIL import Image
 from transformers import BatchFeature, Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil
 from transformers.image_utils import PILImageResampling, SizeDict
 from transformers.video_utils import VideoMetadata
@@ -129,9 +130,17 @@ def test_render_matches_the_jinja_chat_template(ours, tok):
 
 def test_two_images_and_text_match_transformers(ours, hf_processor):
     messages = _two_image_messages()
+    for item in messages[0]["content"]:  # transformers' chat path takes PIL images; so do we
+        if item["type"] == "image":
+            item["image"] = Image.fromarray(item["image"])
+    ref = hf_processor.apply_chat_template(
+        messages, tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="np"
+    )
     text = hf_processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     images = [item["image"] for item in messages[0]["content"] if item["type"] == "image"]
-    ref = hf_processor(text=[text], images=images, return_tensors="np")
+    np.testing.assert_array_equal(
+        hf_processor(text=[text], images=images)["input_ids"][0], ref["input_ids"][0]
+    )
     for sample in (ours.from_messages(messages), ours(text, images=images)):
         np.testing.assert_array_equal(sample["input_ids"], ref["input_ids"][0])
         np.testing.assert_array_equal(sample["attention_mask"], ref["attention_mask"][0])
