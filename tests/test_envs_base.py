@@ -1,0 +1,116 @@
+"""The shared interface: action validation, angle conventions, the crosshair GUI detector, task files."""
+
+import numpy as np
+import pytest
+import yaml
+
+from histeve_jax.envs import base, list_tasks, load_task, make
+from histeve_jax.envs.luanti.arena import reset_ops, tree_ops
+from histeve_jax.envs.luanti.env import crosshair_visible
+from histeve_jax.envs.tasks import TaskError, evaluate_check, task_from_dict
+
+
+def test_validate_action_fills_missing_keys_and_converts():
+    a = base.validate_action({"forward": True, "camera": [1, -2]})
+    assert set(a) == set(base.BUTTONS) | {"camera"}
+    assert a["forward"] == 1 and a["attack"] == 0
+    assert a["camera"].dtype == np.float32 and a["camera"].tolist() == [1.0, -2.0]
+    assert base.validate_action({"camera": np.array([[0.5, 0.25]])})["camera"].tolist() == [0.5, 0.25]
+
+
+@pytest.mark.parametrize("action, key", [
+    ({"fly": 1}, "'fly'"),
+    ({"camera": [np.nan, 0.0]}, "'camera'.*finite"),
+    ({"camera": [0.0, np.inf]}, "'camera'.*finite"),
+    ({"camera": [1.0, 2.0, 3.0]}, "'camera'.*shape"),
+    ({"attack": 2}, "'attack'.*0 or 1"),
+    ({"jump": [1, 0]}, "'jump'.*scalar"),
+])
+def test_validate_action_names_the_bad_key(action, key):
+    with pytest.raises(ValueError, match=key):
+        base.validate_action(action)
+
+
+def test_yaw_pitch_conventions():
+    eye = (0.0, 10.0, 0.0)
+    assert base.yaw_pitch_to(eye, (0.0, 10.0, 5.0)) == pytest.approx((0.0, 0.0))  # yaw 0 faces +z
+    assert base.yaw_pitch_to(eye, (5.0, 10.0, 0.0))[0] == pytest.approx(90.0)  # turning right -> +x
+    assert base.yaw_pitch_to(eye, (0.0, 5.0, 5.0))[1] == pytest.approx(45.0)  # positive pitch looks down
+    assert base.wrap_degrees(190.0) == pytest.approx(-170.0) and base.wrap_degrees(-180.0) == -180.0
+    assert base.PIXELS_PER_DEGREE == pytest.approx(1 / 0.15)  # VPT's 360/2400 degrees per pixel
+
+
+def test_crosshair_detector():
+    frame = np.full((360, 640, 3), 90, np.uint8)
+    assert not crosshair_visible(frame)
+    frame[170:191, 320] = 255
+    frame[180, 310:331] = 255
+    assert crosshair_visible(frame)
+    frame[175, 320] = 60  # a GUI panel covering part of the cross
+    assert not crosshair_visible(frame)
+
+
+def test_shipped_tasks_load_and_cover_the_categories():
+    names = list_tasks()
+    tasks = [load_task(n) for n in names]
+    assert {t.category for t in tasks} == {"mine", "craft", "smelt", "build", "explore", "long_horizon"}
+    steel = load_task("steel_pickaxe")
+    assert [n for n, _ in steel.subgoals][-1] == "steel_pickaxe" and len(steel.subgoals) == 10
+    assert steel.init.get("inventory") is None  # from an empty inventory
+
+
+def test_task_checks_evaluate_on_info():
+    info = {"inventory": {"default:tree": 2}, "craft_item": {"default:wood": 4}, "pos": (1.0, 8.5, 1.0)}
+    assert evaluate_check({"inventory": {"default:tree": ">=2"}}, info)
+    assert not evaluate_check({"inventory": {"default:tree": ">2"}}, info)
+    assert evaluate_check({"inventory": {"default:tree": 2}, "craft_item": {"default:wood": "==4"}}, info)
+    assert not evaluate_check({"pickup": {"default:tree": 1}}, info)
+    assert evaluate_check({"near": {"pos": [1.0, 8.5, 2.5], "radius": 2}}, info)
+    assert not evaluate_check({"near": {"pos": [1.0, 8.5, 4.0], "radius": 2}}, info)
+    assert evaluate_check({"any": [{"pickup": {"x": 1}}, {"inventory": {"default:tree": 1}}]}, info)
+
+
+def _task(**over):
+    d = {"name": "t", "category": "mine", "text": "dig", "max_steps": 10, "success": {"inventory": {"a": 1}}}
+    d.update(over)
+    return d
+
+
+@pytest.mark.parametrize("over, msg", [
+    ({"category": "dance"}, r"<dict>\.category"),
+    ({"max_steps": 0}, r"max_steps"),
+    ({"success": {"inventry": {"a": 1}}}, r"success\.inventry: unknown check key"),
+    ({"success": {"inventory": {"a": "at least 1"}}}, r"success\.inventory\.a"),
+    ({"init": {"pos": [0, 1]}}, r"init\.pos"),
+    ({"init": {"inventory": [{"item": "a", "count": 0}]}}, r"init\.inventory\[0\]\.count"),
+    ({"init": {"weather": "rain"}}, r"init: unknown key"),
+    ({"subgoals": [{"name": "x"}]}, r"subgoals\[0\]"),
+    ({"colour": 1}, r"unknown key"),
+])
+def test_bad_task_files_raise_naming_the_key(over, msg):
+    with pytest.raises(TaskError, match=msg):
+        task_from_dict(_task(**over))
+
+
+def test_tasks_load_by_path_and_unknown_names_raise(tmp_path):
+    p = tmp_path / "other.yaml"
+    p.write_text(yaml.safe_dump(_task()))
+    assert load_task(p).name == "t"  # outside the package any file name is fine
+    with pytest.raises(TaskError, match="no task named 'nope'"):
+        load_task("nope")
+
+
+def test_reset_ops_rebuild_the_arena_then_place_the_task():
+    ops = reset_ops(load_task("mine_stone"))
+    kinds = [o["op"] for o in ops]
+    assert kinds[0] == "emerge" and kinds[-1] == "reset_events"
+    assert kinds.index("fill") < kinds.index("clear_inventory") < kinds.index("set_slot")
+    assert {"op": "set_slot", "slot": 1, "item": "default:pick_wood", "count": 1} in ops
+    assert {"op": "fill", "pos1": [-2, 9, 2], "pos2": [2, 10, 3], "name": "default:stone"} in ops
+    trunk = tree_ops([0, 9, 3], 4)[-1]
+    assert trunk == {"op": "fill", "pos1": [0, 9, 3], "pos2": [0, 12, 3], "name": "default:tree"}
+
+
+def test_make_rejects_unknown_backends():
+    with pytest.raises(ValueError, match="unknown env backend 'doom'"):
+        make("doom")
