@@ -56,6 +56,8 @@ class VisionPreprocessConfig:
 IMAGE_CONFIG = VisionPreprocessConfig()
 # Qwen2VLVideoProcessor's defaults: videos get fewer pixels per frame than images.
 VIDEO_CONFIG = VisionPreprocessConfig(min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768)
+# The bounds Qwen2.5-VL-*-Instruct checkpoints ship in preprocessor_config.json (max 16384 tokens an image).
+QWEN2_5_VL_CHECKPOINT_IMAGE_CONFIG = VisionPreprocessConfig(min_pixels=3136, max_pixels=12845056)
 
 
 def smart_resize(
