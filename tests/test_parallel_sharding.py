@@ -1,0 +1,125 @@
+"""Logical-axis rules to shardings: hand-checked specs, every parameter named, the 7B state split under FSDP.
+
+Abstract meshes only (no devices, nothing allocated): shardings depend on axis sizes, not on hardware.
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, qwen2_5_vl_7b, tiny
+from histeve_jax.parallel import axes, sharding
+from histeve_jax.train import optimizer
+from histeve_jax.train import state as state_lib
+
+MiB = 1 << 20
+
+
+def abstract_mesh(data=1, fsdp=1, tensor=1):
+    auto = (jax.sharding.AxisType.Auto,) * 3
+    return jax.sharding.AbstractMesh((data, fsdp, tensor), ("data", "fsdp", "tensor"), axis_types=auto)
+
+
+def spec(shape, names, preset="fsdp_tensor", **mesh):
+    sizes = dict(abstract_mesh(**mesh).shape)
+    return sharding.spec_for_shape(shape, names, sizes, sharding.rules_for(preset))
+
+
+def test_fsdp_and_tensor_axes_land_on_embed_and_mlp():
+    assert spec((64, 256), (axes.EMBED, axes.MLP), fsdp=4, tensor=2) == P("fsdp", "tensor")
+    assert spec((256, 64), (axes.MLP, axes.EMBED), fsdp=4, tensor=2) == P("tensor", "fsdp")
+    # Axes of size 1 shard nothing and are left out.
+    assert spec((64, 256), (axes.EMBED, axes.MLP), fsdp=8) == P("fsdp")
+
+
+def test_indivisible_axis_falls_back_and_no_mesh_axis_is_used_twice():
+    # 4 KV heads cannot split 8 ways over `tensor`; `fsdp` is taken by embed, so the heads stay whole.
+    assert spec((64, 4, 16), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM), fsdp=2, tensor=8) == P("fsdp")
+    # Under pure FSDP an embed of 60 does not split 8 ways; the mlp axis takes `fsdp` instead.
+    assert spec((60, 256), (axes.EMBED, axes.MLP), preset="fsdp", fsdp=8) == P(None, "fsdp")
+    # The vocab axis takes `tensor`, embed `fsdp`: both used once.
+    assert spec((320, 64), (axes.VOCAB, axes.EMBED), fsdp=2, tensor=2) == P("tensor", "fsdp")
+
+
+def test_layers_norm_and_regime_axes_are_replicated():
+    assert spec((28, 2, 3584), (axes.LAYERS, axes.REGIME, axes.NORM), fsdp=64) == P()
+    assert spec((28, 3584, 18944), (axes.LAYERS, axes.EMBED, axes.MLP), preset="fsdp", fsdp=64) == P(
+        None, "fsdp"
+    )
+
+
+def test_data_preset_replicates_everything():
+    assert spec((64, 256), (axes.EMBED, axes.MLP), preset="data", data=4, fsdp=2) == P()
+
+
+def test_bad_names_raise_naming_the_tensor():
+    sizes = dict(abstract_mesh(fsdp=2).shape)
+    with pytest.raises(ValueError, match="layers/attn/q.*'embd'"):
+        sharding.spec_for_shape((4, 4), ("embd", None), sizes, axes.DEFAULT_RULES, where="layers/attn/q")
+    with pytest.raises(ValueError, match="w: logical names"):
+        sharding.spec_for_shape((4, 4), (axes.EMBED,), sizes, axes.DEFAULT_RULES, where="w")
+    with pytest.raises(ValueError, match="unknown sharding preset"):
+        sharding.rules_for("zero3")
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_every_parameter_of_the_tiny_model_has_logical_names(scan_layers):
+    cfg = tiny(norm_regimes=2, scan_layers=scan_layers)
+    abstract = nnx.eval_shape(lambda: Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.state(abstract, nnx.Param)
+    assert sharding.unannotated_params(params) == []
+    # RS-Norm: a [2, d] scale per decoder pre-norm, named (regime, norm), with `layers` in front when scanned.
+    flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(params)}
+    norm = flat[
+        "language_model/layers/input_norm/scale"
+        if scan_layers
+        else "language_model/layers/0/input_norm/scale"
+    ]
+    want = ((axes.LAYERS,) if scan_layers else ()) + (axes.REGIME, axes.NORM)
+    assert sharding.logical_names(norm) == want
+
+
+def test_unannotated_parameter_is_reported():
+    class Bare(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(np.zeros((4, 4), np.float32))
+
+    assert sharding.unannotated_params(nnx.state(Bare(), nnx.Param)) == ["w"]
+
+
+@pytest.fixture(scope="module")
+def abstract_7b_state():
+    """The real 7B policy-shaped train state (RS-Norm on, AdamW moments), as ShapeDtypeStructs."""
+    tx, _ = optimizer.make_optimizer({})
+    cfg = qwen2_5_vl_7b(norm_regimes=2)
+    with nnx.use_eager_sharding(False):
+        return jax.eval_shape(lambda: state_lib.state_from_model(Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)), tx))
+
+
+@pytest.mark.parametrize("fsdp", [64, 256])
+def test_fsdp_splits_every_7b_tensor_over_1mib(abstract_7b_state, fsdp):
+    mesh = abstract_mesh(fsdp=fsdp)
+    shardings = sharding.tree_shardings(abstract_7b_state, mesh, sharding.rules_for("fsdp"))
+    state = sharding.with_shardings(abstract_7b_state, shardings)
+    assert sharding.replicated_tensors(state.params, MiB) == []
+    assert sharding.replicated_tensors(state.opt_state, MiB) == []
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    assert 8.2e9 < n_params < 8.4e9  # Qwen2.5-VL-7B with its vision tower, plus RS-Norm's 2Ld
+    # fp32 params + two fp32 moments split evenly, plus the norm scales and biases kept whole (< 16 MiB).
+    per_device = sharding.bytes_per_device(state.params) + sharding.bytes_per_device(state.opt_state)
+    assert 12 * n_params / fsdp < per_device < 12 * n_params / fsdp + 16 * MiB
+
+
+def test_optimizer_moments_are_sharded_like_their_parameters(abstract_7b_state):
+    mesh = abstract_mesh(data=2, fsdp=16, tensor=4)
+    shardings = sharding.tree_shardings(abstract_7b_state, mesh, sharding.rules_for("fsdp_tensor"))
+    adam = shardings.opt_state[1][0]  # chain(clip, adamw) -> adamw's ScaleByAdamState
+    params = dict(nnx.to_flat_state(shardings.params))
+    for moments in (adam.mu, adam.nu):
+        flat = dict(nnx.to_flat_state(moments))
+        assert flat.keys() == params.keys()
+        for k, v in flat.items():
+            assert v.get_value().spec == params[k].get_value().spec, k
+    assert params[("lm_head",)].get_value().spec == P("fsdp", "tensor")
