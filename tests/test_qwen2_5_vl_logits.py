@@ -72,7 +72,8 @@ def test_text_only_logits_match_transformers(qwen_tiny_dir, model):
     assert_close(our_logits(model, ids), hf_logits(cfg, hf, ids))
 
 
-def test_one_image_logits_match_transformers(qwen_tiny_dir, model):
+def test_one_image_logits_match_transformers(qwen_tiny_dir, qwen_tiny_flax):
+    model = qwen_tiny_flax
     cfg, hf, _ = qwen_tiny_dir
     pv, grid = qwen_images([(112, 168)])
     ids = np.asarray([[1, 2, 3] + qwen_vision_block(cfg, grid[0], cfg.image_token_id) + [4, 5, 6]])
@@ -87,7 +88,8 @@ def test_two_images_of_different_sizes_match_transformers(qwen_tiny_dir, model):
     assert_close(our_logits(model, ids, pv=pv, grid=grid), hf_logits(cfg, hf, ids, pv=pv, grid=grid))
 
 
-def test_video_with_seconds_per_grid_matches_transformers(qwen_tiny_dir, model):
+def test_video_with_seconds_per_grid_matches_transformers(qwen_tiny_dir, qwen_tiny_flax):
+    model = qwen_tiny_flax
     cfg, hf, _ = qwen_tiny_dir
     pvv, vgrid = _video()
     pv, grid = qwen_images([(56, 84)], seed=3)

@@ -19,7 +19,7 @@ Grid = tuple[tuple[int, int, int], ...]
 
 def as_grid(grid_thw: object, name: str = "grid_thw") -> Grid:
     """A concrete `[n, 3]` grid as a hashable tuple; the grids fix shapes, so they cannot be traced."""
-    if grid_thw is None:
+    if grid_thw is None or (isinstance(grid_thw, tuple) and not grid_thw):
         return ()
     if isinstance(grid_thw, jax.core.Tracer):
         raise TypeError(
