@@ -255,6 +255,13 @@ class CraftExpert(Expert):
                 need.setdefault(item, []).append(cell)
             for item, cells in need.items():
                 slot = self.slot_of(item)
+                for _ in range(40):  # the server's inventory can lag the GUI by several steps under load
+                    if slot is not None or self.info["inventory"].get(self.output, 0) >= self.goal:
+                        break
+                    yield noop_action(), "wait_inventory"
+                    slot = self.slot_of(item)
+                if self.info["inventory"].get(self.output, 0) >= self.goal:
+                    break  # an earlier craft has landed after all
                 if slot is None:
                     raise RuntimeError(f"no {item} in the inventory for {self.output}")
                 yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
@@ -264,6 +271,8 @@ class CraftExpert(Expert):
                     yield from self.click("use", f"place_{item}")  # one item into the grid
                 yield from self.cursor_to(SLOT_XY[slot], f"return_{item}")
                 yield from self.click("attack", f"return_{item}")  # the rest back where it came from
+            if self.info["inventory"].get(self.output, 0) >= self.goal:
+                break
             yield from self.cursor_to(CRAFT_OUTPUT_XY, "take_output")
             yield from self.click("attack", "take_output")
             yield from self.wait(1, "take_output")
@@ -272,7 +281,7 @@ class CraftExpert(Expert):
             yield from self.cursor_to(SLOT_XY[dest], "store_output")
             before = self.info["inventory"].get(self.output, 0)
             yield from self.click("attack", "store_output")
-            for _ in range(10):  # the server's inventory reaches the info a step or two later
+            for _ in range(40):  # the server's inventory reaches the info a few steps later
                 if self.info["inventory"].get(self.output, 0) > before:
                     break
                 yield noop_action(), "store_output"

@@ -1,0 +1,65 @@
+"""Scripted experts on the real game: they succeed through env-format actions only and name their subtasks."""
+
+import pytest
+
+from histeve_jax.envs import base, load_task, make
+from histeve_jax.envs.experts import CRAFT_XY, EXPERT_TASKS, MAX_TURN, RECIPES, SLOT_XY, expert_for
+from histeve_jax.envs.luanti import minetest_available
+from histeve_jax.envs.tasks import list_tasks
+
+needs_game = pytest.mark.skipif(not minetest_available(),
+                                reason="minetest or Xvfb not installed (apt-get install minetest xvfb)")
+
+
+def test_every_expert_task_is_shipped_and_has_an_expert():
+    assert set(EXPERT_TASKS) <= set(list_tasks())
+    for name in EXPERT_TASKS:
+        assert expert_for(load_task(name)).task.name == name
+    with pytest.raises(KeyError, match="steel_pickaxe"):
+        expert_for(load_task("steel_pickaxe"))
+
+
+def test_gui_geometry_is_a_grid():
+    assert SLOT_XY[1][1] == SLOT_XY[8][1] and SLOT_XY[9][0] == SLOT_XY[1][0]
+    assert [SLOT_XY[i + 1][0] for i in range(8)] == sorted(SLOT_XY[i + 1][0] for i in range(8))
+    assert CRAFT_XY[(0, 1)][0] - CRAFT_XY[(0, 0)][0] == 26
+    assert set(RECIPES["default:pick_wood"].values()) == {"default:wood", "default:stick"}
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = make("luanti", obs_size=(36, 64), randomize_init=True)
+    yield e
+    e.close()
+
+
+def _run(env, name, seed):
+    task = load_task(name)
+    _, info = env.reset(seed=seed, options={"task": task})
+    expert = expert_for(task)
+    expert.reset(info)
+    subtasks = []
+    for _ in range(task.max_steps):
+        action, subtask = expert.act(info)
+        base.validate_action(action)
+        assert max(abs(float(v)) for v in action["camera"]) <= MAX_TURN + 1e-6
+        if not subtasks or subtasks[-1] != subtask:
+            subtasks.append(subtask)
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    return info, subtasks
+
+
+@pytest.mark.parametrize("name", ["mine_log", "mine_stone", "craft_wooden_pickaxe", "build_wall",
+                                  "find_gold"])
+@pytest.mark.game
+@needs_game
+def test_expert_succeeds(env, name):
+    info, subtasks = _run(env, name, seed=5)
+    assert info["success"], f"{name}: expert failed; subtasks {subtasks}, inventory {info['inventory']}"
+    if name == "craft_wooden_pickaxe":
+        assert subtasks[0] == "open_inventory" and subtasks[-1] in ("store_output", "close_inventory")
+        assert "take_output" in subtasks and "place_default:stick" in subtasks
+    if name == "mine_stone":
+        assert info["use_item"] == {"default:pick_wood": 1}  # the tool was used to break the stone

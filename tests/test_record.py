@@ -1,0 +1,54 @@
+"""The recorder writes expert episodes from the real game in the project's record format."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.configs.record import get_config
+from experiments.record import run
+from histeve_jax.data.records import BINARY_KEYS, decode_frame, read_shard, shard_paths
+from histeve_jax.envs.luanti import minetest_available
+
+pytestmark = [
+    pytest.mark.game,
+    pytest.mark.skipif(not minetest_available(), reason="minetest or Xvfb not installed (apt-get install "
+                       "minetest xvfb)"),
+]
+
+
+def test_record_writes_episodes_with_regime_cursor_events_and_subtasks(tmp_path):
+    cfg = get_config("tiny")
+    cfg.tasks = ["craft_planks", "place_dirt"]
+    cfg.episodes = 1
+    cfg.obs_size = (32, 48)
+    cfg.progress_bar = False
+    summary = run(cfg, str(tmp_path))
+    assert summary["tasks"]["craft_planks"]["successes"] == 1
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["tasks"].keys() == {"craft_planks", "place_dirt"}
+    assert (tmp_path / "config.json").exists()
+    records = [r for p in shard_paths(tmp_path / "records") for r in read_shard(p)]
+    episodes = {}
+    for r in records:
+        episodes.setdefault(r.episode_id, []).append(r)
+    assert len(episodes) == 2
+    for eps in episodes.values():
+        assert [r.step for r in eps] == list(range(len(eps)))
+        assert eps[-1].done and not any(r.done for r in eps[:-1])
+        assert eps[-1].completed == 1 and eps[0].completed == 0
+        assert all(r.kind == "demo" and r.instruction for r in eps)
+        assert set(eps[0].action) == set(BINARY_KEYS) | {"camera"}
+        assert decode_frame(eps[0].frame).shape == (32, 48, 3)
+    craft = next(e for e in episodes.values() if e[0].task_id == "craft_planks")
+    gui = [r for r in craft if r.is_gui_open]
+    assert gui and all(r.cursor is not None for r in gui)
+    assert all(r.cursor is None for r in craft if not r.is_gui_open)
+    assert craft[0].action["inventory"] == 1 and not craft[0].is_gui_open
+    subtasks = [r.subtask for r in craft]
+    boundaries = [s for i, s in enumerate(subtasks) if i == 0 or s != subtasks[i - 1]]
+    assert boundaries[0] == "open_inventory" and "take_output" in boundaries
+    assert craft[-1].events["craft_item"] == {"default:wood": 4}
+    # the cursor moves as the camera actions say while the GUI is open
+    moved = [(a, b) for a, b in zip(gui, gui[1:], strict=False) if any(a.action["camera"])]
+    assert moved and any(np.abs(np.subtract(b.cursor, a.cursor)).sum() > 0 for a, b in moved)
