@@ -1,0 +1,138 @@
+"""generate(): greedy decoding equals transformers' greedy generate; sampling and constraints behave."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from conftest import qwen_images, qwen_vision_block
+from flax import struct
+
+from histeve_jax.models.qwen2_5_vl import generate
+
+N_NEW = 10
+
+
+def _padded_prompts(cfg):
+    pv, grid = qwen_images([(56, 84), (84, 112)], seed=4)
+    r0 = [1, 2] + qwen_vision_block(cfg, grid[0], cfg.image_token_id) + [3]
+    r1 = [4, 5, 6, 7] + qwen_vision_block(cfg, grid[1], cfg.image_token_id) + [8, 9, 10]
+    T = max(len(r0), len(r1))
+    ids = np.zeros((2, T), np.int64)
+    mask = np.zeros((2, T), np.int64)
+    for b, r in enumerate((r0, r1)):
+        ids[b, T - len(r) :], mask[b, T - len(r) :] = r, 1
+    return ids, mask, pv, grid
+
+
+def _hf_greedy(cfg, hf, ids, mask, pv, grid, n):
+    t = torch.tensor
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=t(ids),
+            attention_mask=t(mask),
+            pixel_values=t(pv),
+            image_grid_thw=t(grid),
+            mm_token_type_ids=t((ids == cfg.image_token_id).astype(np.int64)),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[:, ids.shape[1] :].numpy()
+
+
+@pytest.fixture(scope="module")
+def padded(qwen_tiny_dir):
+    return _padded_prompts(qwen_tiny_dir[0])
+
+
+def test_greedy_generation_with_image_equals_transformers(qwen_tiny_dir, qwen_tiny_flax):
+    cfg, hf, _ = qwen_tiny_dir
+    pv, grid = qwen_images([(112, 168)], seed=11)
+    ids = np.asarray([[11, 12] + qwen_vision_block(cfg, grid[0], cfg.image_token_id) + [13, 14]])
+    mask = np.ones_like(ids)
+    ref = _hf_greedy(cfg, hf, ids, mask, pv, grid, N_NEW)
+    out = generate(qwen_tiny_flax, ids, mask, pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+    np.testing.assert_array_equal(np.asarray(out.lengths), [N_NEW])
+
+
+def test_greedy_padded_batch_equals_transformers_left_or_right_padded(qwen_tiny_dir, qwen_tiny_flax, padded):
+    cfg, hf, _ = qwen_tiny_dir
+    ids, mask, pv, grid = padded
+    ref = _hf_greedy(cfg, hf, ids, mask, pv, grid, N_NEW)
+    out = generate(qwen_tiny_flax, ids, mask, pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+    # The same prompts right-padded give the same tokens (left-aligned inside the prefill).
+    rids, rmask = np.zeros_like(ids), np.zeros_like(mask)
+    for b in range(2):
+        n = mask[b].sum()
+        rids[b, :n], rmask[b, :n] = ids[b, -n:], 1
+    out_r = generate(qwen_tiny_flax, rids, rmask, pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    np.testing.assert_array_equal(np.asarray(out_r.tokens), ref)
+
+
+def test_stop_token_ends_a_row_and_pads_it(qwen_tiny_flax, padded):
+    ids, mask, pv, grid = padded
+    kw = dict(pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    greedy = np.asarray(generate(qwen_tiny_flax, ids, mask, **kw).tokens)
+    stop = int(greedy[0, 2])
+    out = generate(qwen_tiny_flax, ids, mask, stop_token_ids=(stop,), pad_token_id=-1, **kw)
+    for b in range(2):
+        hits = np.flatnonzero(greedy[b] == stop)
+        n = hits[0] + 1 if hits.size else N_NEW
+        assert int(out.lengths[b]) == n
+        np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n], greedy[b, :n])
+        assert (np.asarray(out.tokens)[b, n:] == -1).all()
+
+
+def test_tiny_top_p_sampling_equals_greedy(qwen_tiny_flax, padded):
+    ids, mask, pv, grid = padded
+    kw = dict(pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    greedy = np.asarray(generate(qwen_tiny_flax, ids, mask, **kw).tokens)
+    out = generate(qwen_tiny_flax, ids, mask, temperature=1.0, top_p=1e-6, rng=jax.random.key(3), **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), greedy)
+    # Full-temperature sampling (top_p = 1) departs from greedy on a random model.
+    hot = generate(qwen_tiny_flax, ids, mask, temperature=5.0, rng=jax.random.key(4), **kw)
+    assert (np.asarray(hot.tokens) != greedy).any()
+
+
+@struct.dataclass
+class AlternatingSets:
+    """Even steps may emit only `even` tokens, odd steps only `odd` ones (a two-state automaton)."""
+
+    even: jax.Array  # [V] bool
+    odd: jax.Array  # [V] bool
+
+    def init(self, batch_size):
+        return jnp.zeros((batch_size,), jnp.int32)
+
+    def mask(self, state):
+        return jnp.where((state % 2 == 0)[:, None], self.even[None], self.odd[None])
+
+    def update(self, state, token):
+        return state + 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_constraint_mask_is_respected(qwen_tiny_dir, qwen_tiny_flax, padded, temperature):
+    cfg = qwen_tiny_dir[0]
+    ids, mask, pv, grid = padded
+    V = cfg.text.vocab_size
+    v = np.arange(V)
+    c = AlternatingSets(even=jnp.asarray(v < 50), odd=jnp.asarray((v >= 200) & (v < 210)))
+    out = generate(
+        qwen_tiny_flax,
+        ids,
+        mask,
+        pixel_values=pv,
+        image_grid_thw=grid,
+        max_new_tokens=N_NEW,
+        temperature=temperature,
+        rng=jax.random.key(5),
+        constraint=c,
+    )
+    toks = np.asarray(out.tokens)
+    assert (toks[:, 0::2] < 50).all()
+    assert ((toks[:, 1::2] >= 200) & (toks[:, 1::2] < 210)).all()
