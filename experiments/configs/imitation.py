@@ -1,0 +1,26 @@
+"""Stage 2, imitation: instruction-conditioned keyboard-and-mouse control from demonstrations.
+
+``python -m experiments.imitation --config=experiments/configs/imitation.py:tiny`` (the default) or
+``:qwen7b``; ``--config.init_from=<world-knowledge workdir>`` starts from stage 1's weights, as the paper.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from experiments.configs.common import base_config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variant = arg or "tiny"
+    c = base_config("imitation", variant)
+    c.data.kind = "demo"
+    c.data.history = 1  # one past frame ...
+    c.data.stride = 4  # ... 4 steps (0.2 s) back
+    c.data.max_len = 80
+    c.model.max_targets = 16
+    if variant == "qwen7b":
+        c.data.history = 3
+        c.data.stride = 5
+        c.data.max_len = 4 * 144 + 96
+    return c

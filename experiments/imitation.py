@@ -1,0 +1,31 @@
+"""Stage 2: imitation learning of keyboard-and-mouse control (the default: the tiny CPU variant).
+
+    python -m experiments.imitation                                   # tiny, synthetic data, a few minutes
+    python -m experiments.imitation --config=experiments/configs/imitation.py:qwen7b \\
+        --config.model.hf_path=/path/to/Qwen2.5-VL-7B-Instruct --config.data.train_dirs="['gs://...']" \\
+        --config.init_from=/path/to/world_knowledge_workdir --workdir=/path/to/run
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import train_loop
+
+_CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+config_flags.DEFINE_config_file("config", os.path.join(_CONFIGS, "imitation.py:tiny"), "Stage config.",
+                                lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    train_loop.train(flags.FLAGS.config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)  # grain's worker processes need the program started by absl.app.run

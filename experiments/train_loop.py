@@ -1,0 +1,319 @@
+"""One train loop for the policy's supervised stages (world knowledge, imitation), big_vision-style.
+
+``train(config, workdir)`` builds the grain pipelines, the policy (random tiny, or Qwen2.5-VL from a Hugging
+Face directory), AdamW, the mesh and the jitted step, restores the latest checkpoint of ``workdir`` if there
+is one (parameters, optimizer, step and the data iterator, so the run continues exactly), or else starts
+from ``config.init_from`` (the previous stage's workdir) or from the initial weights, and trains. Metrics
+go to TensorBoard and the console (clu), progress to a tqdm bar; every ``eval_every`` steps the held-out
+split is evaluated (loss, per-token-group accuracy); checkpoints are asynchronous, the last N kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging as pylogging
+import os
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from histeve_jax.data import pipeline as P
+from histeve_jax.data import synthetic
+from histeve_jax.models import vla
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig
+from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
+from histeve_jax.parallel import mesh as mesh_lib
+from histeve_jax.parallel import multihost
+from histeve_jax.parallel import sharding as sharding_lib
+from histeve_jax.train import optimizer as optimizer_lib
+from histeve_jax.train import state as state_lib
+from histeve_jax.train import step as step_lib
+from histeve_jax.train.checkpoint import Checkpointer
+
+# Batch keys the policy reads; the rest (image_grid_thw, target_group) stay on the host.
+DEVICE_KEYS = ("input_ids", "attention_mask", "targets", "loss_mask", "regime", "pixel_values")
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def _synthetic_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:
+    """Generate (once) the small data set the tiny runs use, under ``<workdir>/data``."""
+    s, d = config.synthetic, config.data
+    h, w = d.image_size
+    root = os.path.join(workdir, "data")
+    kind = "demo" if d.kind == "demo" else "wk"
+    out = []
+    for split, size, seed in (("train", s.train_size, 0), ("eval", s.eval_size, 10_000)):
+        path = os.path.join(root, split)
+        if jax.process_index() == 0:
+            if kind == "demo":
+                synthetic.ensure_dataset(path, "demo", episodes=size, length=s.length, height=h, width=w,
+                                         gui_fraction=s.gui_fraction, seed=seed)
+            else:
+                synthetic.ensure_dataset(path, "wk", samples=size, height=h, width=w, seed=seed)
+        out.append([path])
+    return out[0], out[1]
+
+
+def data_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:
+    """(train, eval) shard directories: the configured ones, or generated synthetic data."""
+    train, evald = list(config.data.train_dirs), list(config.data.eval_dirs)
+    if not train:
+        gen_train, gen_eval = _synthetic_dirs(config, workdir)
+        train, evald = gen_train, (evald or gen_eval)
+        logging.info("data: no data.train_dirs given; using synthetic data under %s",
+                     os.path.dirname(train[0]))
+    return train, evald
+
+
+def feature_spec(config: Any) -> P.FeatureSpec:
+    """The pipeline's FeatureSpec; a tiny model gets the compact id remap (see ``pipeline.CompactVocab``)."""
+    d = config.data
+    compact = None
+    if config.model.kind == "tiny":
+        b = tiny_base()
+        compact = P.CompactVocab(image_token_id=b.image_token_id, video_token_id=b.video_token_id,
+                                 vision_start_token_id=b.vision_start_token_id,
+                                 vision_end_token_id=b.vision_end_token_id, action_base=b.text.vocab_size)
+    return P.FeatureSpec(kind=d.kind, history=d.history, stride=d.stride, image_size=tuple(d.image_size),
+                         max_len=d.max_len, codebook=d.codebook, tokenizer_path=d.tokenizer_path or None,
+                         compact_vocab=compact)
+
+
+def make_iterator(dirs: list[str], config: Any, *, train: bool) -> P.Batches:
+    """This host's batch iterator (its share of the global batch, its shard of the data)."""
+    d = config.data
+    per_host, rem = divmod(d.batch_size, jax.process_count())
+    if rem:
+        raise ValueError(f"data.batch_size={d.batch_size} is not divisible by {jax.process_count()} hosts")
+    opts = P.LoaderOptions(
+        batch_size=per_host, seed=d.seed, shuffle=d.shuffle if train else False,
+        num_epochs=None if train else 1,
+        worker_count=d.worker_count, worker_buffer_size=d.worker_buffer_size, read_threads=d.read_threads,
+        max_bad_fraction=d.max_bad_fraction, min_samples_for_check=d.min_samples_for_check,
+        shard_index=jax.process_index(), shard_count=jax.process_count())
+    return P.make_batches(dirs, feature_spec(config), opts)
+
+
+# ----------------------------------------------------------------------------------------------- model
+
+
+def _dtype(name: str) -> Any:
+    return jnp.dtype(name)
+
+
+def vla_config(config: Any) -> vla.VLAConfig:
+    """The policy's config: tiny random, or the base read from the Hugging Face directory's config.json."""
+    m, d = config.model, config.data
+    kw = dict(codebook=d.codebook, history_frames=d.history if d.kind == "demo" else 0,
+              image_size=tuple(d.image_size), max_targets=m.max_targets)
+    over = dict(dtype=_dtype(m.dtype), param_dtype=_dtype(m.param_dtype), remat=m.remat)
+    if m.kind == "tiny":
+        return vla.tiny_config(base=tiny_base().replace(**over), **kw)
+    if m.kind != "hf":
+        raise ValueError(f"config.model.kind must be 'tiny' or 'hf', got {m.kind!r}")
+    path = os.path.join(m.hf_path, "config.json")
+    if not m.hf_path or not os.path.exists(path):
+        raise FileNotFoundError(f"config.model.hf_path={m.hf_path!r}: no config.json (a Qwen2.5-VL "
+                                "save_pretrained directory is needed; models cannot be downloaded here)")
+    with open(path) as f:
+        base = Qwen2_5_VLConfig.from_hf_dict(json.load(f), source=path).replace(**over)
+    return vla.VLAConfig(base=base, **kw)
+
+
+def _restore_params(directory: str, abstract: state_lib.TrainState) -> Any:
+    """The latest params of another run (its TrainState must have the same parameter tree)."""
+    ckpt_dir = os.path.join(directory, "checkpoints")
+    with Checkpointer(ckpt_dir, async_save=False) as ck:
+        if ck.latest_step() is None:
+            raise FileNotFoundError(f"config.init_from={directory!r}: no checkpoint under {ckpt_dir}")
+        restored, _, _ = ck.restore(abstract)
+        logging.info("init_from: params of %s step %d", directory, ck.latest_step())
+        return restored.params
+
+
+def build_state(config: Any, cfg: vla.VLAConfig, tx: Any, mesh: Any, rules: Any,
+                ckpt: Checkpointer) -> tuple[state_lib.TrainState, Any, Any]:
+    """(state, its shardings, data iterator state or None): resumed, initialised from init_from, or fresh."""
+
+    def model_fn() -> vla.VLAPolicy:
+        return vla.VLAPolicy(cfg, rngs=nnx.Rngs(config.seed))
+
+    abstract, shardings = state_lib.abstract_train_state(model_fn, tx, mesh, rules)
+    if ckpt.latest_step() is not None:
+        state, data_state, _ = ckpt.restore(abstract)
+        logging.info("resuming from %s step %d", ckpt.directory, int(state.step))
+        return state, shardings, data_state
+    if config.model.kind == "hf":
+        policy = vla.VLAPolicy.from_pretrained(config.model.hf_path, cfg, seed=config.seed, mesh=mesh)
+        state, shardings = state_lib.shard_model_state(policy, tx, mesh, rules)
+    else:
+        state, shardings = state_lib.create_train_state(model_fn, tx, mesh, rules)
+    if config.init_from:
+        params = _restore_params(config.init_from, abstract)
+        state = state.replace(params=params)  # a fresh optimizer and step 0 for the new stage
+    return state, shardings, None
+
+
+# ------------------------------------------------------------------------------------------------ loop
+
+
+def _device_batch(batch: Mapping[str, np.ndarray], sharding: Any, global_size: int) -> dict[str, jax.Array]:
+    return multihost.global_batch({k: batch[k] for k in DEVICE_KEYS}, sharding, global_size)
+
+
+def _loss_fn(model: vla.VLAPolicy, batch: Any, rng: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    return vla.action_loss(model, batch, rng)
+
+
+def evaluate(eval_step: Any, state: Any, batches: Iterator[dict[str, np.ndarray]], sharding: Any,
+             global_size: int, max_batches: int) -> dict[str, float]:
+    """Mean eval metrics over up to ``max_batches`` batches; accuracies weighted by their token counts."""
+    sums: dict[str, float] = {}
+    n = 0
+    for i, batch in enumerate(batches):
+        if i >= max_batches:
+            break
+        m = jax.device_get(eval_step(state, _device_batch(batch, sharding, global_size)))
+        n += 1
+        for k, v in m.items():
+            if k.startswith("acc/"):
+                c = float(m["count/" + k[4:]])
+                sums[k] = sums.get(k, 0.0) + float(v) * c
+            else:
+                sums[k] = sums.get(k, 0.0) + float(v)
+    out = {}
+    for k, v in sums.items():
+        if k.startswith("acc/"):
+            c = sums.get("count/" + k[4:], 0.0)
+            if c > 0:
+                out["eval/" + k] = v / c
+        elif not k.startswith("count/"):
+            out["eval/" + k] = v / max(n, 1)
+    out["eval/batches"] = float(n)
+    return out
+
+
+def _scalars(m: Mapping[str, Any]) -> dict[str, float]:
+    """Loggable scalars: counts dropped, and accuracies of token groups absent from the batch."""
+    out = {}
+    for k, v in m.items():
+        if k.startswith("count/") or (k.startswith("acc/") and float(m.get("count/" + k[4:], 1)) == 0):
+            continue
+        out[k] = float(v)
+    return out
+
+
+class _QuietLibraries(pylogging.Filter):
+    """Drops INFO chatter of orbax (a dozen lines per save) from the console; warnings still pass."""
+
+    def filter(self, record: pylogging.LogRecord) -> bool:
+        return record.levelno >= pylogging.WARNING or "orbax" not in record.pathname
+
+
+class _Preempted:
+    """SIGTERM (a preempted TPU VM, a cluster scheduler) asks the loop to save and stop at the next step."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        try:
+            signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (tests): no handler, nothing to stop
+            pass
+
+    def _handle(self, *_: Any) -> None:
+        self.flag = True
+
+
+def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]]:
+    """Run (or resume) one stage; returns the logged metrics by step (for tests and notebooks)."""
+    from clu import metric_writers
+
+    multihost.initialize_from_config(config)
+    if not any(isinstance(f, _QuietLibraries) for f in logging.get_absl_logger().filters):
+        logging.get_absl_logger().addFilter(_QuietLibraries())
+    workdir = workdir or config.workdir
+    os.makedirs(workdir, exist_ok=True)
+    logging.info("workdir: %s", workdir)
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=2))
+
+    train_dirs, eval_dirs = data_dirs(config, workdir)
+    cfg = vla_config(config)
+    tx, schedule = optimizer_lib.make_optimizer(config.optimizer)
+    mesh = mesh_lib.mesh_from_config(config.mesh)
+    rules = sharding_lib.rules_for(config.sharding)
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints,
+                        async_save=config.async_checkpoint)
+    state, shardings, data_state = build_state(config, cfg, tx, mesh, rules, ckpt)
+    train_it = make_iterator(train_dirs, config, train=True)
+    if data_state is not None:
+        train_it.set_state(data_state)
+
+    train_step = step_lib.jit_train_step(step_lib.make_train_step(_loss_fn, tx, schedule=schedule), shardings,
+                                         mesh, rules)
+    batch_sharding = step_lib.batch_sharding(mesh, rules)
+
+    def eval_fn(state: state_lib.TrainState, batch: Any) -> dict[str, jax.Array]:
+        loss, metrics = _loss_fn(state.model(), batch, jax.random.key(0))
+        return {**metrics, "loss": loss}
+
+    eval_step = jax.jit(eval_fn, in_shardings=(shardings, batch_sharding))
+    writer = metric_writers.create_default_writer(workdir, just_logging=jax.process_index() > 0)
+    rng = jax.random.key(config.seed)
+    start = int(state.step)
+    total = int(config.num_train_steps)
+    gbs = int(config.data.batch_size)
+    history: dict[int, dict[str, float]] = {}
+    preempted = _Preempted()
+    bar = None
+    if config.progress_bar and jax.process_index() == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=start, desc=config.stage, unit="step", dynamic_ncols=True)
+    t_last, step_last = time.perf_counter(), start
+    try:
+        for step in range(start + 1, total + 1):
+            batch = _device_batch(next(train_it), batch_sharding, gbs)
+            state, metrics = train_step(state, batch, rng)
+            if bar is not None:
+                bar.update(1)
+            if step % config.log_every == 0 or step == total or step == start + 1:
+                m = _scalars(jax.device_get(metrics))
+                now = time.perf_counter()
+                m["steps_per_sec"] = (step - step_last) / max(now - t_last, 1e-9)
+                t_last, step_last = now, step
+                m.update(train_it.metrics())
+                history[step] = m
+                writer.write_scalars(step, m)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{m['loss']:.4f}")
+            if config.eval_every > 0 and eval_dirs and (step % config.eval_every == 0 or step == total):
+                em = evaluate(eval_step, state, make_iterator(eval_dirs, config, train=False), batch_sharding,
+                              gbs, config.eval_batches)
+                history.setdefault(step, {}).update(em)
+                writer.write_scalars(step, em)
+            if step == config.stop_at_step:
+                logging.info("stop_at_step=%d: leaving without a final save (a simulated kill)", step)
+                break
+            if step % config.checkpoint_every == 0 or step == total or preempted.flag:
+                ckpt.save(step, state, data_iter_state=train_it.get_state(), config=config,
+                          force=preempted.flag)
+            if preempted.flag:
+                logging.info("SIGTERM: saved step %d, stopping", step)
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        ckpt.close()
+        writer.flush()
+    return history
