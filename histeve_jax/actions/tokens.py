@@ -42,6 +42,12 @@ INVENTORY_TOKEN = "<|act_inventory|>"
 MOUSE_AXES: tuple[tuple[str, str], tuple[str, str]] = (("cam_pitch", "cam_yaw"), ("cur_dy", "cur_dx"))
 
 
+# Kinds of action token, for per-group metrics: the index of each token's kind (see ``ActionVocab.groups``).
+TOKEN_GROUPS: tuple[str, ...] = (
+    "type", "inventory", *GROUP_NAMES, "cam_pitch", "cam_yaw", "cur_dy", "cur_dx", "end",
+)
+
+
 def _button_token(choice: str) -> str:
     return f"<|act_{choice}|>"
 
@@ -132,6 +138,28 @@ class ActionVocab:
     def max_len(self) -> int:
         """The longest action: type, every group, both mouse axes, end."""
         return 1 + len(GROUP_NAMES) + 2 + 1
+
+    @functools.cached_property
+    def groups(self) -> np.ndarray:
+        """[n_tokens] int32: each slot's index into ``TOKEN_GROUPS``."""
+        sl = self.slots
+        out = np.zeros(len(self.ids), np.int32)
+        out[list(sl.type)] = TOKEN_GROUPS.index("type")
+        out[sl.inventory] = TOKEN_GROUPS.index("inventory")
+        out[sl.end] = TOKEN_GROUPS.index("end")
+        for g, slots in enumerate(sl.groups):
+            out[list(slots)] = TOKEN_GROUPS.index(GROUP_NAMES[g])
+        for r, names in enumerate(MOUSE_AXES):
+            for axis, name in enumerate(names):
+                m = sl.mouse[r][axis]
+                out[m[m >= 0]] = TOKEN_GROUPS.index(name)
+        return out
+
+    def group_table(self, vocab_size: int) -> np.ndarray:
+        """[vocab_size] int32: a token id's index into ``TOKEN_GROUPS``; ``len(TOKEN_GROUPS)`` for others."""
+        table = np.full(vocab_size, len(TOKEN_GROUPS), np.int32)
+        table[self.ids] = self.groups
+        return table
 
     def id_of(self, slot: int) -> int:
         return int(self.ids[slot])

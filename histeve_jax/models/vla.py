@@ -1,0 +1,381 @@
+"""The HiSTEVE policy: Qwen2.5-VL + RS-Norm + Dual-Mouse action-token rows; imitation loss and ``act``.
+
+* RS-Norm: the base model is built with ``norm_regimes=2``, so each decoder layer's pre-attention and
+  pre-MLP RMSNorm keep a [2, d] scale (row 0 NG, row 1 GUI) chosen per sequence by ``regime``; ``load_hf``
+  copies the pretrained scale into both rows, so at initialisation the policy *is* the base model in
+  either regime. Everything else is shared; the policy adds exactly 2 * L * d parameters.
+* Dual-Mouse rows: the action tokens (``histeve_jax.actions.tokens``) take ids ``action_token_base ..``,
+  i.e. right after the tokenizer's own ids. Qwen2.5-VL's 3B/7B tables have spare rows there (151936 /
+  152064 > 151665 + 103), so nothing is resized; a smaller table grows. The action rows (embedding and
+  lm_head) start at the mean of the pretrained rows plus small noise: the mean keeps the new inputs in
+  the distribution the layers were trained on and gives each action token about the average logit, so
+  the pretrained text distribution barely moves; the noise makes the rows distinct from the first step.
+
+Batch (``action_loss``), as ``histeve_jax.data.pipeline.Featurize`` produces it; B samples, L padded
+length, F = history_frames + 1 images per sample, P = (H/14) * (W/14) patches per image::
+
+    input_ids       int32   [B, L]  prompt (F images, then the instruction) + action tokens + <|im_end|>
+    attention_mask  int32   [B, L]  1 on real tokens
+    targets         int32   [B, L]  targets[:, t] = input_ids[:, t + 1] (next-token convention)
+    loss_mask       float32 [B, L]  1 where targets[:, t] is to be predicted (the assistant's reply)
+    regime          int32   [B]     0 = NG, 1 = GUI (RS-Norm row)
+    pixel_values    float32 [B, F * P, 1176] or [B * F * P, 1176]; absent for text-only batches
+    image_grid_thw  int32   [B * F, 3] or [B, F, 3]: optional, checked when concrete; every image is
+                                    (1, H/14, W/14), so the grid is static, taken from the config.
+
+Other keys (``target_group`` ...) are ignored: the loss reads token kinds from the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from histeve_jax.actions import grammar as G
+from histeve_jax.actions.codebook import Regime, get_codebook, regime_of
+from histeve_jax.actions.tokens import TOKEN_GROUPS, ActionVocab, token_strings
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, load_hf, resize_token_embeddings
+from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
+from histeve_jax.models.qwen2_5_vl.model import causal_mask
+from histeve_jax.train.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
+
+# The Qwen tokenizer's own ids end here; action tokens added by add_action_tokens start here.
+QWEN_TOKENIZER_IDS = 151665
+METRIC_GROUPS: tuple[str, ...] = TOKEN_GROUPS + ("other",)  # "other": <|im_end|> and text targets
+
+
+@dataclasses.dataclass(frozen=True)
+class VLAConfig:
+    """The policy: base Qwen2.5-VL shape, action codebook and token ids, and what one observation is."""
+
+    base: Qwen2_5_VLConfig
+    codebook: str = "vpt"
+    action_token_base: int = QWEN_TOKENIZER_IDS  # first action token id (len(tokenizer) before adding them)
+    history_frames: int = 0  # frames before the current one in each prompt
+    image_size: tuple[int, int] = (56, 56)  # (H, W) of every frame, multiples of 28
+    max_targets: int = 16  # target positions per sample at which the loss computes logits
+    row_init_noise: float = 0.02  # std of the action rows' noise, relative to the rows' per-dim std
+
+    def __post_init__(self):
+        if any(int(s) % 28 for s in self.image_size):
+            raise ValueError(f"VLAConfig.image_size {self.image_size} must be multiples of 28")
+        if self.max_targets < self.vocab.max_len + 1:
+            raise ValueError(f"VLAConfig.max_targets={self.max_targets} < one action + <|im_end|>")
+
+    @property
+    def vocab(self) -> ActionVocab:
+        return ActionVocab.contiguous(self.codebook, self.action_token_base)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the policy's tables: the base's, or more if the action tokens do not fit."""
+        return max(self.base.text.vocab_size, self.action_token_base + len(token_strings(self.codebook)))
+
+    @property
+    def model_config(self) -> Qwen2_5_VLConfig:
+        return self.base.replace(norm_regimes=2, text={"vocab_size": self.vocab_size})
+
+    @property
+    def num_frames(self) -> int:
+        return self.history_frames + 1
+
+    @property
+    def patches_per_image(self) -> int:
+        return (self.image_size[0] // 14) * (self.image_size[1] // 14)
+
+    def image_grid(self, n_images: int) -> tuple[tuple[int, int, int], ...]:
+        """The (static) grid of ``n_images`` frames."""
+        return ((1, self.image_size[0] // 14, self.image_size[1] // 14),) * n_images
+
+
+def tiny_config(**kw: Any) -> VLAConfig:
+    """The tiny random policy of tests and CPU benchmarks (vocab 320: the action rows are appended)."""
+    base = kw.pop("base", None) or tiny_base()
+    return VLAConfig(base=base, action_token_base=kw.pop("action_token_base", base.text.vocab_size), **kw)
+
+
+def _init_rows(key: jax.Array, w_ve: jax.Array, ids: jax.Array, n_pretrained: int, noise: float) -> jax.Array:
+    """``w_ve`` with rows ``ids`` set to the mean of the first ``n_pretrained`` rows plus relative noise."""
+    old = w_ve[:n_pretrained].astype(jnp.float32)
+    mean, std = old.mean(0), old.std(0)
+    rows = mean + noise * std * jax.random.normal(key, (ids.shape[0], w_ve.shape[1]), jnp.float32)
+    return w_ve.at[ids].set(rows.astype(w_ve.dtype))
+
+
+def init_action_rows(model: Qwen2_5_VLModel, config: VLAConfig, key: jax.Array) -> None:
+    """Initialise the action tokens' embedding (and untied lm_head) rows in place (module docstring)."""
+    ids = jnp.asarray(config.vocab.ids, jnp.int32)
+    n_pre = min(config.action_token_base, config.base.text.vocab_size)
+    noise = config.row_init_noise
+    k_embed, k_head = jax.random.split(key)
+    lm = model.language_model
+    w = lm.embed.get_value()
+    rows = jax.jit(_init_rows, static_argnums=(3, 4), out_shardings=w.sharding)
+    lm.embed.set_value(rows(k_embed, w, ids, n_pre, noise))
+    if not model.config.tie_word_embeddings:
+        w = model.lm_head.get_value()  # [E, V]
+        cols = jax.jit(lambda k, w, i: _init_rows(k, w.T, i, n_pre, noise).T, out_shardings=w.sharding)
+        model.lm_head.set_value(cols(k_head, w, ids))
+
+
+class VLAPolicy(nnx.Module):
+    """Qwen2.5-VL with RS-Norm and Dual-Mouse rows. ``policy.loss(batch)``, ``policy.act(...)``."""
+
+    def __init__(
+        self, config: VLAConfig, *, rngs: nnx.Rngs | None = None, model: Qwen2_5_VLModel | None = None
+    ):
+        self.config = config
+        if model is None:
+            if rngs is None:
+                raise ValueError("VLAPolicy: pass rngs= (random init) or model= (a loaded base model)")
+            model = Qwen2_5_VLModel(config.model_config, rngs=rngs)
+        if model.config.norm_regimes != 2:
+            raise ValueError(f"VLAPolicy: the model has norm_regimes={model.config.norm_regimes}, expected 2")
+        if model.config.text.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"VLAPolicy: model vocab_size {model.config.text.vocab_size} != config's {config.vocab_size}"
+            )
+        self.model = model
+
+    @classmethod
+    def from_pretrained(cls, path: str, config: VLAConfig, *, seed: int = 0, **load_kw: Any) -> VLAPolicy:
+        """The policy at initialisation from a Hugging Face Qwen2.5-VL directory (``load_hf`` keywords)."""
+        overrides = {"norm_regimes": 2, **load_kw.pop("config_overrides", {})}
+        model = load_hf(path, config_overrides=overrides, **load_kw)
+        if model.config.text.vocab_size != config.base.text.vocab_size:
+            raise ValueError(
+                f"{path}: vocab_size {model.config.text.vocab_size} != VLAConfig.base's "
+                f"{config.base.text.vocab_size}"
+            )
+        if config.vocab_size > model.config.text.vocab_size:
+            resize_token_embeddings(model, config.vocab_size)
+        init_action_rows(model, config, jax.random.key(seed))
+        return cls(config, model=model)
+
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """Raise unless ``tokenizer``'s action-token ids are the ones this policy was built with."""
+        got = ActionVocab.from_tokenizer(tokenizer, self.config.codebook).ids
+        if not np.array_equal(got, self.config.vocab.ids):
+            raise ValueError(
+                f"tokenizer action ids start at {int(got[0])}, policy's at {self.config.action_token_base}"
+            )
+
+    def loss(self, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return action_loss(self, batch)
+
+    def act(self, *args: Any, **kw: Any) -> np.ndarray:
+        """Constrained sampling of one action per row; see :func:`act`."""
+        return act(self, *args, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ loss
+
+
+def _flat_pixels(config: VLAConfig, batch: Mapping[str, Any]) -> tuple[jax.Array | None, tuple | None]:
+    if batch.get("pixel_values") is None:  # text-only samples
+        return None, None
+    pv = batch["pixel_values"]
+    pv = pv.reshape(-1, pv.shape[-1])
+    n_img, rem = divmod(pv.shape[0], config.patches_per_image)
+    if rem:
+        raise ValueError(
+            f"batch 'pixel_values': {pv.shape[0]} patches is not a multiple of {config.patches_per_image} "
+            f"(image_size {config.image_size})"
+        )
+    grid = config.image_grid(n_img)
+    given = batch.get("image_grid_thw")
+    if given is not None and not isinstance(given, jax.core.Tracer):
+        if not np.array_equal(np.asarray(given).reshape(-1, 3), np.asarray(grid).reshape(-1, 3)):
+            raise ValueError(f"batch 'image_grid_thw' differs from the config's {grid[:1]} x {n_img}")
+    return pv, grid
+
+
+def action_loss(
+    policy: VLAPolicy, batch: Mapping[str, Any], rng: jax.Array | None = None
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Masked cross-entropy over the target tokens and per-token-kind accuracy (pure; ``loss_fn`` form).
+
+    Logits are computed only at the first ``config.max_targets`` target positions of each sample (the
+    reply is short), not over the whole prompt; ``dropped_targets`` counts any beyond them.
+    """
+    del rng
+    cfg = policy.config
+    model = policy.model
+    ids = batch["input_ids"]
+    B, L = ids.shape
+    pv, grid = _flat_pixels(cfg, batch)
+    h = model.hidden_states(
+        ids,
+        attention_mask=batch["attention_mask"],
+        pixel_values=pv,
+        image_grid_thw=grid,
+        regime=jnp.asarray(batch["regime"], jnp.int32).reshape(B),
+    )
+    mask = batch["loss_mask"] > 0
+    K = min(cfg.max_targets, L)
+    order = jnp.argsort(~mask, axis=1, stable=True)[:, :K]  # target positions first, in order
+    h_k = jnp.take_along_axis(h, order[..., None], axis=1)
+    labels = jnp.take_along_axis(batch["targets"], order, axis=1)
+    valid = jnp.take_along_axis(mask, order, axis=1)
+    logits = model.logits(h_k)  # [B, K, V]
+    loss, n = masked_cross_entropy(logits, labels, valid)
+    group = jnp.asarray(cfg.vocab.group_table(logits.shape[-1]))[labels]
+    acc, counts = grouped_accuracy(logits, labels, valid, group, len(METRIC_GROUPS))
+    metrics = {
+        "action_ce": loss,
+        "action_exact": sequence_exact_match(logits, labels, valid),
+        "n_targets": n,
+        "dropped_targets": mask.sum().astype(jnp.float32) - n,
+    }
+    for i, name in enumerate(METRIC_GROUPS):
+        metrics[f"acc/{name}"] = acc[i]
+        metrics[f"count/{name}"] = counts[i]
+    return loss, metrics
+
+
+# ------------------------------------------------------------------------------------------------- act
+
+
+@functools.lru_cache(maxsize=8)
+def _grammar(vocab_ids: tuple[int, ...], codebook: str, vocab_size: int) -> G.ActionGrammar:
+    return G.build_grammar(ActionVocab(get_codebook(codebook), np.asarray(vocab_ids)), vocab_size)
+
+
+def grammar_of(config: VLAConfig) -> G.ActionGrammar:
+    """The constrained-decoding automaton of a policy (cached per vocabulary)."""
+    return _grammar(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "grid", "max_len", "end_id", "greedy"))
+def _sample(
+    graphdef,
+    state,
+    grammar,
+    input_ids,
+    attention_mask,
+    pixel_values,
+    regime,
+    rng,
+    temperature,
+    *,
+    grid,
+    max_len,
+    end_id,
+    greedy,
+):
+    """Prefill once, then decode up to ``max_len`` constrained tokens with a KV cache (until all done)."""
+    model = nnx.merge(graphdef, state)
+    cfg = model.config
+    t = cfg.text
+    B, T = input_ids.shape
+    S = T + max_len
+    x = model.embed(input_ids, pixel_values=pixel_values, image_grid_thw=grid)
+    pos, _ = model.position_ids(input_ids, attention_mask, grid)
+    cache_shape = (t.num_hidden_layers, B, S, t.num_key_value_heads, t.head_dim)
+    cache = (jnp.zeros(cache_shape, cfg.dtype), jnp.zeros(cache_shape, cfg.dtype))
+    key_ok = jnp.concatenate([attention_mask.astype(bool), jnp.zeros((B, max_len), bool)], axis=1)
+    mask = jnp.pad(causal_mask(attention_mask, B, T), ((0, 0), (0, 0), (0, max_len)))
+    h, cache = model.decode(x, pos, mask, regime=regime, cache=cache, cache_index=0)
+    # Prompts are left-padded, so the last position is every row's last prompt token.
+    logits = model.logits(h[:, -1])
+    next_pos = pos.max(axis=(0, 2)) + 1  # [B]: text positions continue after the prompt's largest
+
+    def body(carry):
+        i, tokens, st, logits, cache, key_ok, rng = carry
+        rng, sub = jax.random.split(rng)
+        masked = G.mask_logits(grammar, st, logits.astype(jnp.float32))
+        if greedy:
+            tok = jnp.argmax(masked, axis=-1).astype(jnp.int32)
+        else:
+            tok = jax.random.categorical(sub, masked / temperature, axis=-1).astype(jnp.int32)
+        tokens = tokens.at[:, i].set(tok)
+        st = G.advance(grammar, st, tok)
+        key_ok = key_ok.at[:, T + i].set(True)
+        x = model.language_model.embed_tokens(tok[:, None])
+        p = jnp.broadcast_to((next_pos + i)[None, :, None], (3, B, 1)).astype(jnp.int32)
+        h, cache = model.decode(x, p, key_ok[:, None, :], regime=regime, cache=cache, cache_index=T + i)
+        return i + 1, tokens, st, model.logits(h[:, 0]), cache, key_ok, rng
+
+    def cond(carry):
+        i, _, st, *_ = carry
+        return (i < max_len) & ~jnp.all(G.is_done(st))
+
+    tokens = jnp.full((B, max_len), end_id, jnp.int32)  # rows that finish early read END after
+    init = (jnp.int32(0), tokens, G.start_state(regime), logits, cache, key_ok, rng)
+    i, tokens, st, *_ = jax.lax.while_loop(cond, body, init)
+    return tokens, st
+
+
+def act(
+    policy: VLAPolicy,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    pixel_values: np.ndarray,
+    regime: Sequence[int] | np.ndarray | int,
+    rng: jax.Array,
+    *,
+    temperature: float = 1.0,
+    greedy: bool = False,
+) -> np.ndarray:
+    """Sample one action per row: [B, T] left-padded prompts -> [B, max_len] action token ids.
+
+    Decoding is constrained by the action grammar of each row's regime, so row b reads (``TYPE ... END``
+    then END padding) as a well-formed action of ``regime[b]``; decode it with ``ActionVocab.decode``
+    (see :func:`decode_actions`).
+    """
+    cfg = policy.config
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    B = input_ids.shape[0]
+    if np.asarray(attention_mask)[:, -1].min() == 0:
+        raise ValueError("act: prompts must be left-padded (attention_mask[:, -1] must be 1)")
+    regime = jnp.asarray(np.broadcast_to(np.asarray(regime, np.int32), (B,)))
+    pv, grid = _flat_pixels(cfg, {"pixel_values": jnp.asarray(pixel_values)})
+    graphdef, state = nnx.split(policy.model)
+    tokens, st = _sample(
+        graphdef,
+        state,
+        grammar_of(cfg),
+        input_ids,
+        jnp.asarray(attention_mask, jnp.int32),
+        pv,
+        regime,
+        rng,
+        jnp.float32(temperature),
+        grid=grid,
+        max_len=cfg.vocab.max_len,
+        end_id=cfg.vocab.id_of(cfg.vocab.slots.end),
+        greedy=greedy,
+    )
+    return np.asarray(tokens)
+
+
+def decode_actions(config: VLAConfig, tokens: np.ndarray) -> list[tuple[dict[str, Any], Regime]]:
+    """[B, max_len] sampled ids (END-padded) -> env-format actions and regimes (ValueError if malformed)."""
+    vocab = config.vocab
+    end = vocab.id_of(vocab.slots.end)
+    out = []
+    for row in np.asarray(tokens):
+        stop = np.flatnonzero(row == end)
+        if not stop.size:
+            raise ValueError(f"decode_actions: no {token_strings(config.codebook)[2]} in {row.tolist()}")
+        out.append(vocab.decode(row[: stop[0] + 1]))
+    return out
+
+
+def prompt_messages(frames: Sequence[np.ndarray], instruction: str) -> list[dict[str, Any]]:
+    """The chat messages of one observation: the frames (oldest first), then the instruction."""
+    content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
+    content.append({"type": "text", "text": instruction})
+    return [{"role": "user", "content": content}]
+
+
+def regime_array(regimes: Sequence[Any]) -> np.ndarray:
+    """Normalise each row's regime source (``is_gui_open``, ``isGuiOpen``, bool, 0/1, name) -> int32 [B]."""
+    return np.asarray([int(regime_of(r)) for r in regimes], np.int32)

@@ -1,0 +1,177 @@
+"""The HiSTEVE policy: RS-Norm starts as the base model, adds 2Ld params, trains per regime; the loss."""
+
+from __future__ import annotations
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from conftest import qwen_images, qwen_vision_block
+from flax import nnx
+
+from histeve_jax.actions import Regime
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, qwen2_5_vl_7b, tiny
+from histeve_jax.models.vla import VLAConfig, VLAPolicy, action_loss, tiny_config
+from histeve_jax.train.losses import masked_cross_entropy
+
+IM_END = 7  # stands in for <|im_end|> in the tiny model's vocabulary
+
+
+@pytest.fixture(scope="module")
+def policy(qwen_tiny_dir):
+    return VLAPolicy.from_pretrained(qwen_tiny_dir[2], tiny_config())
+
+
+def _n_params(module) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def make_batch(config: VLAConfig, actions, regimes, seed: int = 0, text_len: int = 5):
+    """A right-padded training batch: frames, instruction -> action tokens + <|im_end|> (Featurize's)."""
+    base = config.base
+    rng = np.random.default_rng(seed)
+    vocab = config.vocab
+    n = len(actions)
+    pv, grid = qwen_images([config.image_size] * n * config.num_frames, seed=seed)
+    rows = []
+    for i, (a, r) in enumerate(zip(actions, regimes, strict=True)):
+        prompt = [1, 2]
+        for f in range(config.num_frames):
+            prompt += qwen_vision_block(base, grid[i * config.num_frames + f], base.image_token_id)
+        prompt += rng.integers(10, 290, size=text_len + i % 3).tolist()
+        rows.append((prompt, vocab.encode(a, r).tolist() + [IM_END]))
+    L = max(len(p) + len(t) for p, t in rows)
+    ids = np.zeros((n, L), np.int32)
+    am = np.zeros((n, L), np.int32)
+    lm = np.zeros((n, L), np.float32)
+    for i, (p, t) in enumerate(rows):
+        seq = p + t
+        ids[i, : len(seq)] = seq
+        am[i, : len(seq)] = 1
+        lm[i, len(p) - 1 : len(seq) - 1] = 1
+    targets = np.zeros_like(ids)
+    targets[:, :-1] = ids[:, 1:]
+    return {
+        "input_ids": ids, "attention_mask": am, "targets": targets, "loss_mask": lm,
+        "regime": np.asarray(regimes, np.int32), "pixel_values": pv, "image_grid_thw": grid,
+    }
+
+
+ACTIONS = [
+    {"forward": 1, "attack": 1, "camera": np.array([3.0, -1.0])},
+    {"inventory": 1, "camera": np.array([0.0, 0.0])},
+    {"hotbar.3": 1, "use": 1, "sneak": 1, "camera": np.array([-0.5, 8.0])},
+]
+
+
+def test_policy_equals_base_model_at_init_in_either_regime(qwen_tiny_dir, policy):
+    cfg, hf, _ = qwen_tiny_dir
+    config = policy.config
+    # The base model with the same action rows (HF's table grown and the policy's rows copied in).
+    ref = copy.deepcopy(hf)
+    ref.resize_token_embeddings(config.vocab_size, mean_resizing=False)
+    m = policy.model
+    with torch.no_grad():
+        ref.get_input_embeddings().weight.copy_(torch.tensor(np.asarray(m.language_model.embed[...])))
+        ref.get_output_embeddings().weight.copy_(torch.tensor(np.asarray(m.lm_head[...]).T))
+    batch = make_batch(config, ACTIONS, [0, 1, 1])
+    t = {k: torch.tensor(batch[k]).long() for k in ("input_ids", "attention_mask", "image_grid_thw")}
+    t["pixel_values"] = torch.tensor(batch["pixel_values"])
+    mm = (batch["input_ids"] == cfg.image_token_id).astype(np.int64)
+    with torch.no_grad():
+        want = ref(**t, mm_token_type_ids=torch.tensor(mm)).logits.numpy()
+    valid = batch["attention_mask"].astype(bool)
+    for regime in ([0, 0, 0], [1, 1, 1], [0, 1, 1]):
+        got = np.asarray(
+            m(
+                jnp.asarray(batch["input_ids"]), attention_mask=jnp.asarray(batch["attention_mask"]),
+                pixel_values=jnp.asarray(batch["pixel_values"]), image_grid_thw=batch["image_grid_thw"],
+                regime=jnp.asarray(regime),
+            )
+        )
+        err = np.abs(got - want)[valid].max() / np.abs(want[valid]).max()
+        assert err < 1e-4, (regime, err)
+
+
+def test_action_rows_start_near_the_mean_and_distinct(policy):
+    config = policy.config
+    w = np.asarray(policy.model.language_model.embed[...])
+    old, new = w[: config.base.text.vocab_size], w[config.vocab.ids]
+    assert np.abs(new - old.mean(0)).max() < 0.2 * old.std(0).max()
+    assert len({r.tobytes() for r in new}) == len(new)
+
+
+@pytest.mark.parametrize(
+    "base, resized_rows",
+    [
+        (qwen2_5_vl_7b(), 0),  # 152064 rows: the action tokens sit in the spare rows
+        (tiny().replace(text={"vocab_size": 400}), 0),
+        (tiny(tie_word_embeddings=True).replace(text={"vocab_size": 400}), 0),
+        (tiny(), 63),  # 320 rows: the 63 VPT tokens are appended to embed and lm_head
+    ],
+)
+def test_rs_norm_adds_2Ld_params(base, resized_rows):
+    config = VLAConfig(base=base, action_token_base=151665 if base.text.vocab_size > 1000 else 304)
+    if resized_rows:
+        config = tiny_config(base=base)
+    L, d = base.text.num_hidden_layers, base.text.hidden_size
+    n_base = _n_params(nnx.eval_shape(lambda: Qwen2_5_VLModel(base, rngs=nnx.Rngs(0))))
+    n_policy = _n_params(nnx.eval_shape(lambda: VLAPolicy(config, rngs=nnx.Rngs(0))))
+    tables = 1 if base.tie_word_embeddings else 2
+    assert n_policy - n_base == 2 * L * d + tables * resized_rows * d
+
+
+def test_gui_step_changes_only_gui_rows(policy):
+    from histeve_jax.train.optimizer import make_optimizer
+    from histeve_jax.train.state import state_from_model
+    from histeve_jax.train.step import make_train_step
+
+    tx, schedule = make_optimizer({"learning_rate": 1e-2, "warmup_steps": 0, "total_steps": 10})
+    state = state_from_model(policy, tx)
+    step = jax.jit(make_train_step(action_loss, tx, schedule=schedule))
+    batch = jax.tree.map(jnp.asarray, make_batch(policy.config, ACTIONS, [1, 1, 1]))
+    batch.pop("image_grid_thw")  # static from the config; a traced grid would not be concrete
+    new, metrics = step(state, batch, jax.random.key(0))
+    assert np.isfinite(float(metrics["loss"]))
+    before, after = policy, new.model()
+    for name in ("input_norm", "post_attn_norm"):
+        s0 = np.asarray(getattr(before.model.language_model.layers, name).scale[...])
+        s1 = np.asarray(getattr(after.model.language_model.layers, name).scale[...])
+        assert s0.shape == (3, 2, 64)
+        np.testing.assert_array_equal(s1[:, Regime.NG], s0[:, Regime.NG])
+        assert np.all(np.abs(s1[:, Regime.GUI] - s0[:, Regime.GUI]).max(-1) > 0)
+
+
+def test_action_loss_is_the_masked_ce_of_the_full_logits(policy):
+    batch = make_batch(policy.config, ACTIONS, [0, 1, 1], seed=3)
+    loss, metrics = action_loss(policy, jax.tree.map(jnp.asarray, batch))
+    logits = policy.model(
+        jnp.asarray(batch["input_ids"]), attention_mask=jnp.asarray(batch["attention_mask"]),
+        pixel_values=jnp.asarray(batch["pixel_values"]), image_grid_thw=batch["image_grid_thw"],
+        regime=jnp.asarray(batch["regime"]),
+    )
+    want, n = masked_cross_entropy(logits, jnp.asarray(batch["targets"]), jnp.asarray(batch["loss_mask"]))
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+    # 6 + 3 + 7 action tokens (both mouse axes move in rows 0 and 2), each followed by <|im_end|>.
+    assert float(metrics["n_targets"]) == float(n) == 19 and float(metrics["dropped_targets"]) == 0
+    counts = {k[len("count/"):]: float(v) for k, v in metrics.items() if k.startswith("count/")}
+    assert counts == {
+        "type": 3, "inventory": 1, "hotbar": 1, "fore_back": 1, "left_right": 0, "sprint_sneak": 1, "use": 1,
+        "drop": 0, "attack": 1, "jump": 0, "cam_pitch": 1, "cam_yaw": 1, "cur_dy": 1, "cur_dx": 1, "end": 3,
+        "other": 3,
+    }
+    assert {"acc/type", "acc/hotbar", "acc/cur_dx", "action_exact"} <= set(metrics)
+
+
+def test_bad_batch_raises_naming_the_key(policy):
+    batch = make_batch(policy.config, ACTIONS[:1], [0])
+    batch["pixel_values"] = batch["pixel_values"][:-3]
+    with pytest.raises(ValueError, match="'pixel_values'"):
+        action_loss(policy, batch)
+    batch = make_batch(policy.config, ACTIONS[:1], [0])
+    batch["image_grid_thw"] = np.asarray([[1, 2, 8]])
+    with pytest.raises(ValueError, match="'image_grid_thw'"):
+        action_loss(policy, batch)
