@@ -58,7 +58,11 @@ def record_episode(env, task, seed: int, cfg) -> tuple[list[StepRecord], bool]:
     episode_id = f"{task.name}-{seed}-{uuid.uuid4().hex[:8]}"
     records: list[StepRecord] = []
     for t in range(task.max_steps):
-        action, subtask = expert.act(info)
+        try:
+            action, subtask = expert.act(info)
+        except RuntimeError as e:  # the expert gave up (e.g. the GUI did not open): a failed episode
+            logging.warning("%s seed %d: expert gave up at step %d: %s", task.name, seed, t, e)
+            break
         next_obs, reward, terminated, truncated, next_info = env.step(action)
         records.append(_record(task, episode_id, t, obs, info, action, subtask, reward, False, cfg, seed))
         obs, info = next_obs, next_info

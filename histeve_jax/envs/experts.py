@@ -142,7 +142,7 @@ class Expert:
 
     def open_inventory(self):
         yield _act(inventory=1), "open_inventory"
-        for _ in range(20):
+        for _ in range(60):  # under CPU load the client can take a second to draw the GUI
             if self.info["is_gui_open"]:
                 return
             yield noop_action(), "open_inventory"
@@ -150,7 +150,7 @@ class Expert:
 
     def close_inventory(self):
         yield _act(inventory=1), "close_inventory"
-        for _ in range(20):
+        for _ in range(60):
             if not self.info["is_gui_open"]:
                 return
             yield noop_action(), "close_inventory"
