@@ -1,0 +1,118 @@
+"""The stage entry points end to end on the tiny variant: the loss falls, a killed run resumed from its
+checkpoint continues exactly as an uninterrupted one, init_from carries a stage's weights, configs reject
+unknown keys."""
+
+import glob
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import train_loop
+from experiments.configs import imitation, world_knowledge
+from histeve_jax.data import synthetic
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """Reuse compiled steps across the runs of this module (each run builds the same jitted functions)."""
+    old = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield
+    jax.config.update("jax_compilation_cache_dir", old)
+
+
+@pytest.fixture(scope="module")
+def demo_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    synthetic.write_demo_dataset(root / "train", episodes=12, length=12, seed=0)
+    synthetic.write_demo_dataset(root / "eval", episodes=2, length=12, seed=1)
+    return [str(root / "train")], [str(root / "eval")]
+
+
+def _config(demo_dirs, **over):
+    c = imitation.get_config("tiny")
+    c.data.train_dirs, c.data.eval_dirs = demo_dirs
+    c.data.batch_size = 4
+    c.num_train_steps = 24
+    c.optimizer.warmup_steps = 2
+    c.log_every = 1
+    c.eval_every = 24
+    c.eval_batches = 2
+    c.checkpoint_every = 8
+    c.progress_bar = False
+    for k, v in over.items():
+        c[k] = v
+    return c
+
+
+def _losses(history, steps):
+    return np.array([history[s]["loss"] for s in steps])
+
+
+def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path):
+    whole = train_loop.train(_config(demo_dirs), str(tmp_path / "whole"))
+    first = train_loop.train(_config(demo_dirs, stop_at_step=12), str(tmp_path / "killed"))
+    # the kill lost steps 9-12 (the last checkpoint is step 8); the restart redoes them from step 8
+    second = train_loop.train(_config(demo_dirs), str(tmp_path / "killed"))
+    assert sorted(second) == list(range(9, 25))
+    np.testing.assert_array_equal(_losses(first, range(1, 13)), _losses(whole, range(1, 13)))
+    np.testing.assert_array_equal(_losses(second, range(9, 25)), _losses(whole, range(9, 25)))
+    loss = _losses(whole, range(1, 25))
+    assert loss[-3:].mean() < loss[:3].mean() - 1.0, loss
+    assert whole[24]["eval/loss"] < loss[0] and 0 <= whole[24]["eval/acc/type"] <= 1
+    assert whole[24]["data/bad_samples"] == 0 and whole[24]["data/good_samples"] == 24 * 4
+    assert json.load(open(tmp_path / "whole" / "config.json"))["stage"] == "imitation"
+    assert glob.glob(str(tmp_path / "whole" / "events.out.tfevents.*"))
+    assert sorted(os.listdir(tmp_path / "whole" / "checkpoints")) == ["16", "24", "8"]
+
+    # init_from: a new stage starts from this run's final weights, with a fresh step and optimizer
+    c = _config(demo_dirs, init_from=str(tmp_path / "whole"))
+    cfg = train_loop.vla_config(c)
+    tx, _ = train_loop.optimizer_lib.make_optimizer(c.optimizer)
+    mesh = train_loop.mesh_lib.mesh_from_config(c.mesh)
+    rules = train_loop.sharding_lib.rules_for(c.sharding)
+    fresh = train_loop.Checkpointer(str(tmp_path / "stage2" / "checkpoints"), async_save=False)
+    state, _, data_state = train_loop.build_state(c, cfg, tx, mesh, rules, fresh)
+    done = train_loop.Checkpointer(str(tmp_path / "whole" / "checkpoints"), async_save=False)
+    final, _, _ = done.restore(state)
+    assert int(state.step) == 0 and data_state is None
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    fresh.close()
+    done.close()
+
+
+def _parse(argv, default):
+    fv = flags.FlagValues()
+    # sys_argv: the override flags (--config.x=y) are made from the command line at definition time
+    config_flags.DEFINE_config_file("config", default, flag_values=fv, lock_config=True,
+                                    sys_argv=["prog", *argv])
+    fv(["prog", *argv])
+    return fv.config
+
+
+def test_config_overrides_and_unknown_keys():
+    path = os.path.join(os.path.dirname(imitation.__file__), "imitation.py")
+    c = _parse(["--config.num_train_steps=50", "--config.data.image_size=(112,84)"], path + ":tiny")
+    assert c.num_train_steps == 50 and c.optimizer.total_steps == 50  # the schedule follows
+    assert tuple(c.data.image_size) == (112, 84)
+    with pytest.raises(Exception, match="no_such_key"):
+        _parse(["--config.data.no_such_key=1"], path + ":tiny")
+    q = _parse([], path + ":qwen7b")
+    assert q.model.kind == "hf" and q.model.dtype == "bfloat16" and q.data.history == 3
+    with pytest.raises(ValueError, match="unknown config variant"):
+        imitation.get_config("huge")
+    assert world_knowledge.get_config().data.kind == "world_knowledge"
+
+
+def test_hf_variant_without_a_checkpoint_is_a_clear_error():
+    c = imitation.get_config("qwen7b")
+    c.model.hf_path = "/nonexistent/Qwen2.5-VL-7B"
+    with pytest.raises(FileNotFoundError, match="hf_path"):
+        train_loop.vla_config(c)
