@@ -41,6 +41,24 @@ class ActionGrammar:
         return DONE
 
 
+@struct.dataclass
+class ActionConstraint:
+    """The grammar for a batch of rows and their regimes, as ``qwen2_5_vl.generate``'s ``constraint``."""
+
+    grammar: ActionGrammar
+    regime: jax.Array  # [B] int32, 0 = NG, 1 = GUI
+
+    def init(self, batch_size: int) -> jax.Array:
+        del batch_size  # the regimes fix it
+        return start_state(self.regime)
+
+    def mask(self, state: jax.Array) -> jax.Array:
+        return self.grammar.allowed[state]
+
+    def update(self, state: jax.Array, token: jax.Array) -> jax.Array:
+        return advance(self.grammar, state, token)
+
+
 def build_grammar(vocab: ActionVocab, vocab_size: int) -> ActionGrammar:
     """The automaton of ``vocab``'s actions for a model with ``vocab_size`` logits."""
     if int(vocab.ids.max()) >= vocab_size:

@@ -43,7 +43,7 @@ from histeve_jax.actions.codebook import Regime, get_codebook, regime_of
 from histeve_jax.actions.tokens import TOKEN_GROUPS, ActionVocab, token_strings
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, load_hf, resize_token_embeddings
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
-from histeve_jax.models.qwen2_5_vl.model import causal_mask
+from histeve_jax.models.qwen2_5_vl.generate import generate
 from histeve_jax.train.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
 
 # The Qwen tokenizer's own ids end here; action tokens added by add_action_tokens start here.
@@ -253,71 +253,11 @@ def grammar_of(config: VLAConfig) -> G.ActionGrammar:
     return _grammar(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "grid", "max_len", "end_id", "greedy"))
-def _sample(
-    graphdef,
-    state,
-    grammar,
-    input_ids,
-    attention_mask,
-    pixel_values,
-    regime,
-    rng,
-    temperature,
-    *,
-    grid,
-    max_len,
-    end_id,
-    greedy,
-):
-    """Prefill once, then decode up to ``max_len`` constrained tokens with a KV cache (until all done)."""
-    model = nnx.merge(graphdef, state)
-    cfg = model.config
-    t = cfg.text
-    B, T = input_ids.shape
-    S = T + max_len
-    x = model.embed(input_ids, pixel_values=pixel_values, image_grid_thw=grid)
-    pos, _ = model.position_ids(input_ids, attention_mask, grid)
-    cache_shape = (t.num_hidden_layers, B, S, t.num_key_value_heads, t.head_dim)
-    cache = (jnp.zeros(cache_shape, cfg.dtype), jnp.zeros(cache_shape, cfg.dtype))
-    key_ok = jnp.concatenate([attention_mask.astype(bool), jnp.zeros((B, max_len), bool)], axis=1)
-    mask = jnp.pad(causal_mask(attention_mask, B, T), ((0, 0), (0, 0), (0, max_len)))
-    h, cache = model.decode(x, pos, mask, regime=regime, cache=cache, cache_index=0)
-    # Prompts are left-padded, so the last position is every row's last prompt token.
-    logits = model.logits(h[:, -1])
-    next_pos = pos.max(axis=(0, 2)) + 1  # [B]: text positions continue after the prompt's largest
-
-    def body(carry):
-        i, tokens, st, logits, cache, key_ok, rng = carry
-        rng, sub = jax.random.split(rng)
-        masked = G.mask_logits(grammar, st, logits.astype(jnp.float32))
-        if greedy:
-            tok = jnp.argmax(masked, axis=-1).astype(jnp.int32)
-        else:
-            tok = jax.random.categorical(sub, masked / temperature, axis=-1).astype(jnp.int32)
-        tokens = tokens.at[:, i].set(tok)
-        st = G.advance(grammar, st, tok)
-        key_ok = key_ok.at[:, T + i].set(True)
-        x = model.language_model.embed_tokens(tok[:, None])
-        p = jnp.broadcast_to((next_pos + i)[None, :, None], (3, B, 1)).astype(jnp.int32)
-        h, cache = model.decode(x, p, key_ok[:, None, :], regime=regime, cache=cache, cache_index=T + i)
-        return i + 1, tokens, st, model.logits(h[:, 0]), cache, key_ok, rng
-
-    def cond(carry):
-        i, _, st, *_ = carry
-        return (i < max_len) & ~jnp.all(G.is_done(st))
-
-    tokens = jnp.full((B, max_len), end_id, jnp.int32)  # rows that finish early read END after
-    init = (jnp.int32(0), tokens, G.start_state(regime), logits, cache, key_ok, rng)
-    i, tokens, st, *_ = jax.lax.while_loop(cond, body, init)
-    return tokens, st
-
-
 def act(
     policy: VLAPolicy,
     input_ids: np.ndarray,
     attention_mask: np.ndarray,
-    pixel_values: np.ndarray,
+    pixel_values: np.ndarray | None,
     regime: Sequence[int] | np.ndarray | int,
     rng: jax.Array,
     *,
@@ -336,24 +276,23 @@ def act(
     if np.asarray(attention_mask)[:, -1].min() == 0:
         raise ValueError("act: prompts must be left-padded (attention_mask[:, -1] must be 1)")
     regime = jnp.asarray(np.broadcast_to(np.asarray(regime, np.int32), (B,)))
-    pv, grid = _flat_pixels(cfg, {"pixel_values": jnp.asarray(pixel_values)})
-    graphdef, state = nnx.split(policy.model)
-    tokens, st = _sample(
-        graphdef,
-        state,
-        grammar_of(cfg),
+    pv, grid = _flat_pixels(cfg, {"pixel_values": pixel_values})
+    end = cfg.vocab.id_of(cfg.vocab.slots.end)
+    out = generate(
+        policy.model,
         input_ids,
         jnp.asarray(attention_mask, jnp.int32),
-        pv,
-        regime,
-        rng,
-        jnp.float32(temperature),
-        grid=grid,
-        max_len=cfg.vocab.max_len,
-        end_id=cfg.vocab.id_of(cfg.vocab.slots.end),
-        greedy=greedy,
+        pixel_values=None if pv is None else jnp.asarray(pv),
+        image_grid_thw=grid,
+        regime=regime,
+        max_new_tokens=cfg.vocab.max_len,
+        temperature=0.0 if greedy else temperature,
+        stop_token_ids=(end,),
+        rng=rng,
+        constraint=G.ActionConstraint(grammar_of(cfg), regime),
+        pad_token_id=end,  # rows that finish early read END after
     )
-    return np.asarray(tokens)
+    return np.asarray(out.tokens)
 
 
 def decode_actions(config: VLAConfig, tokens: np.ndarray) -> list[tuple[dict[str, Any], Regime]]:
