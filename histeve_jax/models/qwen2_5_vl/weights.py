@@ -197,8 +197,8 @@ def _normalize_key(k: str) -> str:
 # ---------------------------------------------------------------------- load
 
 
-def _open_checkpoint(path: str) -> tuple[dict[str, str], dict[str, SafetensorsFile]]:
-    """key -> filename, and the opened files."""
+def _open_checkpoint(path: str) -> tuple[dict[str, tuple[str, str]], dict[str, SafetensorsFile]]:
+    """normalized key -> (filename, key in the file), and the opened files."""
     idx_fn, one_fn = os.path.join(path, SAFE_INDEX), os.path.join(path, SAFE_SINGLE)
     if os.path.exists(idx_fn):
         with open(idx_fn) as f:
@@ -210,7 +210,7 @@ def _open_checkpoint(path: str) -> tuple[dict[str, str], dict[str, SafetensorsFi
     else:
         raise FileNotFoundError(f"{path}: neither {SAFE_SINGLE} nor {SAFE_INDEX}")
     files: dict[str, SafetensorsFile] = {}
-    key_file: dict[str, str] = {}
+    key_file: dict[str, tuple[str, str]] = {}
     for fn in sorted(set(wm.values())) if wm else [SAFE_SINGLE]:
         full = os.path.join(path, fn)
         if not os.path.exists(full):
@@ -219,8 +219,8 @@ def _open_checkpoint(path: str) -> tuple[dict[str, str], dict[str, SafetensorsFi
         for k in files[fn].keys():
             nk = _normalize_key(k)
             if nk in key_file:
-                raise ValueError(f"{full}: tensor {k!r} duplicates one in {key_file[nk]}")
-            key_file[nk] = fn
+                raise ValueError(f"{full}: tensor {k!r} duplicates one in {key_file[nk][0]}")
+            key_file[nk] = (fn, k)
     return key_file, files
 
 
@@ -253,7 +253,7 @@ def load_hf(
         unexpected = sorted(set(key_file) - expected - ignorable)
         if unexpected:
             raise ValueError(
-                f"{path}: unexpected tensor(s) {unexpected[:5]} in {key_file[unexpected[0]]} "
+                f"{path}: unexpected tensor(s) {unexpected[:5]} in {key_file[unexpected[0]][0]} "
                 f"({len(unexpected)} in all)"
             )
         missing = sorted(expected - set(key_file))
@@ -265,11 +265,12 @@ def load_hf(
             var = flat[m.path]
             full_shape = tuple(var.shape)
             shape = full_shape[1:] if m.layer is not None else full_shape
-            a = files[key_file[m.hf]].get(m.hf) if m.hf in key_file else None
+            fn, key = key_file[m.hf]
+            a = files[fn].get(key)
             want = _hf_shape(cfg, m, shape)
             if tuple(a.shape) != want:
                 raise ValueError(
-                    f"{os.path.join(path, key_file[m.hf])}: tensor {m.hf!r} has shape {tuple(a.shape)}, "
+                    f"{os.path.join(path, fn)}: tensor {key!r} has shape {tuple(a.shape)}, "
                     f"expected {want}"
                 )
             val = _to_ours(m, a, shape).astype(var.dtype)
