@@ -41,9 +41,13 @@ def policy():
 
 
 def test_1000_sampled_actions_are_valid_in_the_requested_regime(policy):
-    regimes = np.arange(1000) % 2
+    regimes = np.arange(250) % 2
     ids, am, pv = make_prompts(policy.config, regimes)
-    tokens = act(policy, ids, am, pv, regimes, jax.random.key(0), temperature=1.0)
+    # 4 x 250 rows (one compiled shape), 1000 actions in all.
+    tokens = np.concatenate(
+        [act(policy, ids, am, pv, regimes, jax.random.key(k), temperature=1.0) for k in range(4)]
+    )
+    regimes = np.tile(regimes, 4)
     decoded = decode_actions(policy.config, tokens)  # raises on any malformed row
     assert [int(r) for _, r in decoded] == regimes.tolist()
     g = grammar_of(policy.config)
@@ -72,19 +76,26 @@ def test_greedy_act_equals_uncached_decoding(policy):
     tokens = act(policy, ids, am, pv, regimes, jax.random.key(0), greedy=True)
     g = grammar_of(policy.config)
     grid = policy.config.image_grid(len(regimes) * policy.config.num_frames)
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def forward(params, seq, mask):  # one fixed shape: the tokens not generated yet are masked out
+        m = nnx.merge(graphdef, params)
+        return m(seq, attention_mask=mask, pixel_values=jnp.asarray(pv), image_grid_thw=grid,
+                 regime=jnp.asarray(regimes))
+
+    B, T = ids.shape
+    M = tokens.shape[1]
+    seq = np.concatenate([ids, np.zeros((B, M), np.int32)], 1)
+    mask = np.concatenate([am, np.zeros((B, M), np.int32)], 1)
     state = G.start_state(jnp.asarray(regimes))
-    seq, mask = ids, am
     want = []
-    for _ in range(tokens.shape[1]):
-        logits = model(
-            jnp.asarray(seq), attention_mask=jnp.asarray(mask), pixel_values=jnp.asarray(pv),
-            image_grid_thw=grid, regime=jnp.asarray(regimes),
-        )[:, -1]
+    for i in range(M):
+        logits = forward(params, jnp.asarray(seq), jnp.asarray(mask))[:, T + i - 1]
         tok = jnp.argmax(G.mask_logits(g, state, logits), -1)
         state = G.advance(g, state, tok)
         want.append(np.asarray(tok))
-        seq = np.concatenate([seq, np.asarray(tok)[:, None]], 1)
-        mask = np.concatenate([mask, np.ones_like(mask[:, :1])], 1)
+        seq[:, T + i], mask[:, T + i] = np.asarray(tok), 1
         if bool(jnp.all(G.is_done(state))):
             break
     want = np.stack(want, 1)
