@@ -1,8 +1,8 @@
 """Stage 2: imitation learning of keyboard-and-mouse control (the default: the tiny CPU variant).
 
-    python -m experiments.imitation                                   # tiny, synthetic data, a few minutes
+    python -m experiments.imitation                                   # tiny: recorded game demos, minutes
     python -m experiments.imitation --config=experiments/configs/imitation.py:qwen7b \\
-        --config.model.hf_path=/path/to/Qwen2.5-VL-7B-Instruct --config.data.train_dirs="['gs://...']" \\
+        --config.model.hf_path=/path/to/Qwen2.5-VL-7B-Instruct --config.data.train_dirs=/mnt/d/a,/mnt/d/b \\
         --config.init_from=/path/to/world_knowledge_workdir --workdir=/path/to/run
 """
 

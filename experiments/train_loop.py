@@ -63,9 +63,61 @@ def _synthetic_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:
     return out[0], out[1]
 
 
+def _dir_list(value: str | Any) -> list[str]:
+    """Comma-separated directories (or a list, from Python) as a list."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def _recorded_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]] | None:
+    """Record (once) expert demonstrations from the Luanti game, split by episode into train and eval.
+
+    The recorder runs as its own program (``python -m experiments.record``): it owns its flags and the game
+    processes. Returns None when the game is not installed.
+    """
+    import subprocess
+    import sys
+
+    from histeve_jax.data import records as R
+    from histeve_jax.envs.luanti.process import minetest_available
+
+    root = os.path.join(workdir, "data")
+    train, evald = os.path.join(root, "train"), os.path.join(root, "eval")
+    if os.path.isdir(train) and R.shard_paths(train):
+        return [train], [evald]
+    if not minetest_available():
+        return None
+    if jax.process_index() == 0:
+        rec, h, w = config.record, *config.data.image_size
+        out = os.path.join(root, "recorded")
+        record_config = os.path.join(os.path.dirname(__file__), "configs", "record.py")
+        cmd = [sys.executable, "-m", "experiments.record", f"--config={record_config}:{rec.variant}",
+               f"--workdir={os.path.join(root, 'record_run')}", f"--config.output_dir={out}",
+               f"--config.episodes={rec.episodes}", f"--config.obs_size=({h}, {w})",
+               "--config.progress_bar=False"]
+        logging.info("data: recording from the game: %s", " ".join(cmd))
+        subprocess.run(cmd, check=True, timeout=rec.timeout_s, cwd=os.path.dirname(os.path.dirname(__file__)))
+        episodes: dict[str, list] = {}
+        for p in R.shard_paths(out):
+            for r in R.read_shard(p):
+                episodes.setdefault(r.episode_id, []).append(r)
+        last = {}
+        for eid, steps in episodes.items():  # episode order is recording order: the last of a task is eval
+            last[steps[0].task_id] = eid
+        R.write_episodes(train, [e for k, e in episodes.items() if k not in last.values()], prefix="recorded")
+        R.write_episodes(evald, [episodes[k] for k in last.values()], prefix="recorded")
+    return [train], [evald]
+
+
 def data_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:
-    """(train, eval) shard directories: the configured ones, or generated synthetic data."""
-    train, evald = list(config.data.train_dirs), list(config.data.eval_dirs)
+    """(train, eval) shard directories: the configured ones, or data recorded from the game / generated."""
+    train, evald = _dir_list(config.data.train_dirs), _dir_list(config.data.eval_dirs)
+    if not train and config.data.generate == "record":
+        got = _recorded_dirs(config, workdir)
+        if got is not None:
+            return got[0], evald or got[1]
+        logging.warning("data: the Luanti game (minetest, Xvfb) is not installed; using synthetic data")
     if not train:
         gen_train, gen_eval = _synthetic_dirs(config, workdir)
         train, evald = gen_train, (evald or gen_eval)
@@ -95,7 +147,8 @@ def make_iterator(dirs: list[str], config: Any, *, train: bool) -> P.Batches:
     if rem:
         raise ValueError(f"data.batch_size={d.batch_size} is not divisible by {jax.process_count()} hosts")
     opts = P.LoaderOptions(
-        batch_size=per_host, seed=d.seed, shuffle=d.shuffle if train else False,
+        # eval: one pass in a fixed shuffled order, so the first eval_batches batches span the whole split
+        batch_size=per_host, seed=d.seed, shuffle=d.shuffle if train else True,
         num_epochs=None if train else 1,
         worker_count=d.worker_count, worker_buffer_size=d.worker_buffer_size, read_threads=d.read_threads,
         max_bad_fraction=d.max_bad_fraction, min_samples_for_check=d.min_samples_for_check,

@@ -2,7 +2,7 @@
 
     python -m experiments.world_knowledge                 # tiny, synthetic VQA, a few minutes
     python -m experiments.world_knowledge --config=experiments/configs/world_knowledge.py:qwen7b \\
-        --config.model.hf_path=/path/to/Qwen2.5-VL-7B-Instruct --config.data.train_dirs="['gs://...']" \\
+        --config.model.hf_path=/path/to/Qwen2.5-VL-7B-Instruct --config.data.train_dirs=/mnt/d/a,/mnt/d/b \\
         --workdir=/path/to/wk_run
     python -m experiments.imitation --config.init_from=/path/to/wk_run ...   # then stage 2
 """

@@ -37,7 +37,7 @@ def demo_dirs(tmp_path_factory):
 
 def _config(demo_dirs, **over):
     c = imitation.get_config("tiny")
-    c.data.train_dirs, c.data.eval_dirs = demo_dirs
+    c.data.train_dirs, c.data.eval_dirs = (",".join(d) for d in demo_dirs)
     c.data.batch_size = 4
     c.num_train_steps = 24
     c.optimizer.warmup_steps = 2

@@ -37,8 +37,9 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.distributed = "auto"  # jax.distributed on a pod, nothing on one host
 
     c.data = ml_collections.ConfigDict()
-    c.data.train_dirs = []  # record shard directories; empty: generate synthetic data under the workdir
-    c.data.eval_dirs = []
+    # Comma-separated record shard directories (a string: ml_collections cannot override lists from flags).
+    c.data.train_dirs = ""  # "": make data under the workdir (data.generate)
+    c.data.eval_dirs = ""
     c.data.kind = "demo"
     c.data.history = 0
     c.data.stride = 1
@@ -55,7 +56,16 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.data.max_bad_fraction = 0.05
     c.data.min_samples_for_check = 64
 
-    c.synthetic = ml_collections.ConfigDict()  # used when data.train_dirs is empty
+    # With no data.train_dirs, the run makes its own data under <workdir>/data: "record" plays the Luanti
+    # game with the scripted experts (experiments.record; synthetic data when the game is not installed),
+    # "synthetic" draws the generator's scenes (histeve_jax.data.synthetic).
+    c.data.generate = "synthetic"
+    c.record = ml_collections.ConfigDict()
+    c.record.variant = "tiny"  # experiments/configs/record.py:<variant> (tiny: craft_planks, place_dirt)
+    c.record.episodes = 3  # per task; the last episode of each task is the eval split
+    c.record.timeout_s = 600
+
+    c.synthetic = ml_collections.ConfigDict()
     c.synthetic.train_size = 64  # episodes (demo) or samples (world knowledge)
     c.synthetic.eval_size = 8
     c.synthetic.length = 16

@@ -15,10 +15,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variant = arg or "tiny"
     c = base_config("imitation", variant)
     c.data.kind = "demo"
+    c.data.generate = "record"  # tiny default: demonstrations recorded from the game by the experts
     c.data.history = 1  # one past frame ...
     c.data.stride = 4  # ... 4 steps (0.2 s) back
     c.data.max_len = 80
     c.model.max_targets = 16
+    c.record.episodes = 4  # per task: 3 to train on, 1 held out
+    c.num_train_steps = 200
     if variant == "qwen7b":
         c.data.history = 3
         c.data.stride = 5
