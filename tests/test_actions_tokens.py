@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import os
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
 from histeve_jax.actions import BUTTONS, CODEBOOKS, Regime, env_to_agent, env_to_discrete
 from histeve_jax.actions.agent_format import discrete_to_env
 from histeve_jax.actions.tokens import ActionVocab, add_action_tokens, token_strings
-from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS, load_qwen_tokenizer
+from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS, qwen2_5_vl_tokenizer_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -87,8 +87,8 @@ def test_hand_checked_sequences():
 
 @pytest.mark.parametrize("name", ["vpt", "openha"])
 def test_real_qwen_tokenizer_ids_fit_both_tables(name):
-    # A copy: load_qwen_tokenizer's instance is shared by the process and must not gain action tokens.
-    tok = copy.deepcopy(load_qwen_tokenizer())
+    # A fresh instance: load_qwen_tokenizer's is shared by the process (and may already have the tokens).
+    tok = AutoTokenizer.from_pretrained(str(qwen2_5_vl_tokenizer_dir()), local_files_only=True)
     n_before = len(tok)
     assert n_before == NUM_TOKENIZER_IDS
     vocab = add_action_tokens(tok, name)

@@ -9,7 +9,7 @@ import pytest
 from conftest import qwen_images, qwen_vision_block
 from flax import nnx
 
-from histeve_jax.actions import Regime
+from histeve_jax.actions import ENV_KEYS, Regime
 from histeve_jax.actions import grammar as G
 from histeve_jax.models.vla import VLAPolicy, act, decode_actions, grammar_of, tiny_config
 
@@ -108,3 +108,40 @@ def test_act_rejects_right_padding(policy):
     ids, am, pv = make_prompts(policy.config, [Regime.NG, Regime.GUI])
     with pytest.raises(ValueError, match="left-padded"):
         act(policy, ids[:, ::-1], am[:, ::-1], pv, [0, 1], jax.random.key(0))
+
+
+def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
+    """act's prompt for (frames, instruction) is the prefix of the training sample the pipeline builds."""
+    from histeve_jax.data import records
+    from histeve_jax.data.pipeline import CompactVocab, FeatureSpec, Featurize
+    from histeve_jax.models.vla import act_on_observations, observation_inputs, policy_processor
+
+    config = policy.config
+    compact = CompactVocab()
+    spec = FeatureSpec(history=config.history_frames, image_size=config.image_size, max_len=256,
+                       compact_vocab=compact)
+    featurize = Featurize(spec)
+    rng = np.random.default_rng(0)
+    rows = [("chop the tree", False, {"attack": 1, "camera": [1.0, -4.0]}),
+            ("open the crafting table and make planks", True, {"use": 1, "camera": [-2.0, 0.0]})]
+    observations, samples = [], []
+    for text, gui, action in rows:
+        frames = [rng.integers(0, 256, (70, 90, 3), dtype=np.uint8) for _ in range(config.num_frames)]
+        rec = {"instruction": text, "subtask": "", "action": action, "is_gui_open": gui}
+        samples.append(featurize._features({"record": rec, "frames": [records.encode_frame(f, "png")
+                                                                      for f in frames]}))
+        observations.append((frames, text))
+    processor = policy_processor(config, featurize._processor.tokenizer)
+    table = compact.table(len(config.vocab.ids))
+    inputs = observation_inputs(config, processor, observations, id_map=table)
+    first_action = config.vocab.ids[config.vocab.slots.type[0]]
+    for i, sample in enumerate(samples):
+        n_prompt = int(np.flatnonzero(sample["input_ids"] >= first_action)[0])
+        prompt = inputs["input_ids"][i][inputs["attention_mask"][i] == 1]
+        np.testing.assert_array_equal(prompt, sample["input_ids"][:n_prompt])
+    np.testing.assert_array_equal(inputs["pixel_values"],
+                                  np.concatenate([s["pixel_values"] for s in samples]))
+    out = act_on_observations(policy, processor, observations, [{"is_gui_open": False}, {"isGuiOpen": True}],
+                              jax.random.key(1), id_map=table)
+    assert [r for _, r in out] == [Regime.NG, Regime.GUI]
+    assert all(set(a) == set(ENV_KEYS) and a["camera"].shape == (2,) for a, _ in out)

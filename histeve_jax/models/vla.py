@@ -309,10 +309,90 @@ def decode_actions(config: VLAConfig, tokens: np.ndarray) -> list[tuple[dict[str
 
 
 def prompt_messages(frames: Sequence[np.ndarray], instruction: str) -> list[dict[str, Any]]:
-    """The chat messages of one observation: the frames (oldest first), then the instruction."""
+    """The chat messages of one observation: the frames (oldest first), then the instruction.
+
+    The same layout as the training samples of ``data.pipeline.Featurize``: one user turn, images first.
+    """
     content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
     content.append({"type": "text", "text": instruction})
     return [{"role": "user", "content": content}]
+
+
+def policy_processor(config: VLAConfig, tokenizer: Any) -> Any:
+    """A ``data.prompts.QwenVLProcessor`` whose images are exactly ``config.image_size``."""
+    from histeve_jax.data.image_processing import VisionPreprocessConfig
+    from histeve_jax.data.prompts import QwenVLProcessor
+
+    h, w = config.image_size
+    return QwenVLProcessor(tokenizer, image_config=VisionPreprocessConfig(min_pixels=h * w, max_pixels=h * w))
+
+
+def observation_inputs(
+    config: VLAConfig,
+    processor: Any,
+    observations: Sequence[tuple[Sequence[np.ndarray], str]],
+    *,
+    id_map: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """(frames, instruction) per row -> left-padded ``input_ids``/``attention_mask`` and ``pixel_values``.
+
+    Each row needs ``config.num_frames`` frames (oldest first), resized to ``config.image_size``.
+    ``id_map`` (tokenizer id -> model id, e.g. ``data.pipeline.CompactVocab.table``) serves tiny models.
+    """
+    from histeve_jax.data.image_processing import as_rgb_uint8, resize_image
+    from histeve_jax.data.prompts import pad_batch
+
+    h, w = config.image_size
+    samples = []
+    for i, (frames, instruction) in enumerate(observations):
+        if len(frames) != config.num_frames:
+            raise ValueError(f"observation {i}: {len(frames)} frames, the policy takes {config.num_frames}")
+        frames = [
+            resize_image(as_rgb_uint8(f, f"observation {i} frame {j}"), h, w) for j, f in enumerate(frames)
+        ]
+        samples.append(
+            processor.from_messages(prompt_messages(frames, instruction), add_generation_prompt=True)
+        )
+    batch = pad_batch(samples, side="left")
+    ids = batch["input_ids"].astype(np.int32)
+    if id_map is not None:
+        ids = np.asarray(id_map)[ids].astype(np.int32)
+    return {
+        "input_ids": ids,
+        "attention_mask": batch["attention_mask"].astype(np.int32),
+        "pixel_values": batch["pixel_values"].astype(np.float32),
+    }
+
+
+def act_on_observations(
+    policy: VLAPolicy,
+    processor: Any,
+    observations: Sequence[tuple[Sequence[np.ndarray], str]],
+    regimes: Sequence[Any],
+    rng: jax.Array,
+    *,
+    id_map: np.ndarray | None = None,
+    temperature: float = 1.0,
+    greedy: bool = False,
+) -> list[tuple[dict[str, Any], Regime]]:
+    """Frames + instruction per row -> one env-format action per row, in that row's regime.
+
+    ``regimes``: per row anything :func:`~histeve_jax.actions.regime_of` reads (an env ``info`` dict with
+    ``is_gui_open``, a bool, 0/1, "NG"/"GUI").
+    """
+    inputs = observation_inputs(policy.config, processor, observations, id_map=id_map)
+    regime = regime_array(regimes)
+    tokens = act(
+        policy,
+        inputs["input_ids"],
+        inputs["attention_mask"],
+        inputs["pixel_values"],
+        regime,
+        rng,
+        temperature=temperature,
+        greedy=greedy,
+    )
+    return decode_actions(policy.config, tokens)
 
 
 def regime_array(regimes: Sequence[Any]) -> np.ndarray:
