@@ -102,12 +102,13 @@ def test_greedy_act_equals_uncached_decoding(policy):
     np.testing.assert_array_equal(tokens[:, : want.shape[1]], want)
     assert [int(r) for _, r in decode_actions(policy.config, tokens)] == regimes.tolist()
     assert len({tuple(r) for r in tokens.tolist()}) > 1
-
-
-def test_act_rejects_right_padding(policy):
-    ids, am, pv = make_prompts(policy.config, [Regime.NG, Regime.GUI])
-    with pytest.raises(ValueError, match="left-padded"):
-        act(policy, ids[:, ::-1], am[:, ::-1], pv, [0, 1], jax.random.key(0))
+    # Right padding is left-aligned by generate: the same actions.
+    right_ids, right_am = np.zeros_like(ids), np.zeros_like(am)
+    for b in range(B):
+        n = int(am[b].sum())
+        right_ids[b, :n], right_am[b, :n] = ids[b, T - n :], 1
+    right = act(policy, right_ids, right_am, pv, regimes, jax.random.key(0), greedy=True)
+    np.testing.assert_array_equal(right, tokens)
 
 
 def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):

@@ -264,7 +264,7 @@ def act(
     temperature: float = 1.0,
     greedy: bool = False,
 ) -> np.ndarray:
-    """Sample one action per row: [B, T] left-padded prompts -> [B, max_len] action token ids.
+    """Sample one action per row: [B, T] prompts (any padding) -> [B, max_len] action token ids.
 
     Decoding is constrained by the action grammar of each row's regime, so row b reads (``TYPE ... END``
     then END padding) as a well-formed action of ``regime[b]``; decode it with ``ActionVocab.decode``
@@ -273,8 +273,6 @@ def act(
     cfg = policy.config
     input_ids = jnp.asarray(input_ids, jnp.int32)
     B = input_ids.shape[0]
-    if np.asarray(attention_mask)[:, -1].min() == 0:
-        raise ValueError("act: prompts must be left-padded (attention_mask[:, -1] must be 1)")
     regime = jnp.asarray(np.broadcast_to(np.asarray(regime, np.int32), (B,)))
     pv, grid = _flat_pixels(cfg, {"pixel_values": pixel_values})
     end = cfg.vocab.id_of(cfg.vocab.slots.end)
