@@ -18,6 +18,8 @@ dpitch). Missing keys count as 0, so ``{"forward": 1}`` is a valid action.
   health        hit points (20 = full)
   mine_block, craft_item, pickup, place_block, use_item   cumulative {item: count} since reset
   task, success, steps   task name, whether its success check holds now, steps since reset
+Luanti adds privileged extras: ``nearby`` [(node name, (x, y, z))] of watched node kinds, nearest first;
+``craft_grid`` (the 3x3 crafting grid, row-major slots); ``tick`` (server steps); ``subgoals_done``.
 """
 
 from __future__ import annotations

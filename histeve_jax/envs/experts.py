@@ -164,7 +164,10 @@ class Expert:
             yield _act(camera=[_clamp(dy / PIXELS_PER_DEGREE), _clamp(dx / PIXELS_PER_DEGREE)]), subtask
         raise RuntimeError(f"cursor did not reach {xy} (at {self.info['cursor']})")
 
-    def click(self, button: str, subtask: str):
+    def click(self, button: str, subtask: str, settle: int = 3):
+        # minetest's formspec reads the pointer once per rendered frame, so a click sent before the client has
+        # drawn a frame at the new pointer position lands on the old one; pause on the slot first.
+        yield from self.wait(settle, subtask)
         yield _act(**{button: 1}), subtask
         yield noop_action(), subtask
 
@@ -246,22 +249,45 @@ class CraftExpert(Expert):
         self.output, self.goal = output, goal
         self.recipe = RECIPES[output]
 
+    def grid_missing(self) -> dict[str, list[tuple[int, int]]]:
+        """Recipe cells the crafting grid (privileged info) does not hold yet, grouped by item."""
+        grid = self.info.get("craft_grid")
+        missing: dict[str, list[tuple[int, int]]] = {}
+        for cell, item in sorted(self.recipe.items()):
+            if grid is None or grid[cell[0] * 3 + cell[1]]["type"] != item:
+                missing.setdefault(item, []).append(cell)
+        return missing
+
+    def grid_wrong(self) -> list[tuple[int, int]]:
+        """Grid cells holding something the recipe does not put there (a click that landed elsewhere)."""
+        grid = self.info.get("craft_grid")
+        if grid is None:
+            return []
+        return [(i // 3, i % 3) for i, g in enumerate(grid)
+                if g["type"] != "air" and self.recipe.get((i // 3, i % 3)) != g["type"]]
+
+    def have_goal(self) -> bool:
+        return self.info["inventory"].get(self.output, 0) >= self.goal
+
     def plan(self):
         yield from self.open_inventory()
         yield from self.wait(2, "open_inventory")
-        while self.info["inventory"].get(self.output, 0) < self.goal:
-            need: dict[str, list[tuple[int, int]]] = {}
-            for cell, item in sorted(self.recipe.items()):
-                need.setdefault(item, []).append(cell)
-            for item, cells in need.items():
+        for _attempt in range(4):
+            if self.have_goal():
+                break
+            for cell in self.grid_wrong():
+                yield from self.cursor_to(CRAFT_XY[cell], "clear_grid")
+                yield from self.click("attack", "clear_grid")
+                yield from self.cursor_to(SLOT_XY[self.empty_slot()], "clear_grid")
+                yield from self.click("attack", "clear_grid")
+                yield from self.wait(3, "clear_grid")
+            for item, cells in self.grid_missing().items():
                 slot = self.slot_of(item)
                 for _ in range(40):  # the server's inventory can lag the GUI by several steps under load
-                    if slot is not None or self.info["inventory"].get(self.output, 0) >= self.goal:
+                    if slot is not None or self.have_goal():
                         break
                     yield noop_action(), "wait_inventory"
                     slot = self.slot_of(item)
-                if self.info["inventory"].get(self.output, 0) >= self.goal:
-                    break  # an earlier craft has landed after all
                 if slot is None:
                     raise RuntimeError(f"no {item} in the inventory for {self.output}")
                 yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
@@ -271,20 +297,29 @@ class CraftExpert(Expert):
                     yield from self.click("use", f"place_{item}")  # one item into the grid
                 yield from self.cursor_to(SLOT_XY[slot], f"return_{item}")
                 yield from self.click("attack", f"return_{item}")  # the rest back where it came from
-            if self.info["inventory"].get(self.output, 0) >= self.goal:
-                break
+            # The server computes the output preview from the grid; clicking before it arrives takes nothing.
+            for _ in range(20):
+                if (not self.grid_missing() and not self.grid_wrong()) or self.info.get("craft_grid") is None:
+                    break
+                yield noop_action(), "wait_recipe"
+            yield from self.wait(2, "wait_recipe")
+            if (self.grid_missing() or self.grid_wrong()) and self.info.get("craft_grid") is not None:
+                continue
             yield from self.cursor_to(CRAFT_OUTPUT_XY, "take_output")
             yield from self.click("attack", "take_output")
             yield from self.wait(1, "take_output")
-            slot = self.slot_of(self.output)
-            dest = slot if slot is not None else self.empty_slot()
-            yield from self.cursor_to(SLOT_XY[dest], "store_output")
             before = self.info["inventory"].get(self.output, 0)
-            yield from self.click("attack", "store_output")
-            for _ in range(40):  # the server's inventory reaches the info a few steps later
+            for _store in range(3):  # a missed click leaves the output on the cursor: click again
+                slot = self.slot_of(self.output)
+                dest = slot if slot is not None else self.empty_slot()
+                yield from self.cursor_to(SLOT_XY[dest], "store_output")
+                yield from self.click("attack", "store_output")
+                for _ in range(20):  # the server's inventory reaches the info a few steps later
+                    if self.info["inventory"].get(self.output, 0) > before:
+                        break
+                    yield noop_action(), "store_output"
                 if self.info["inventory"].get(self.output, 0) > before:
                     break
-                yield noop_action(), "store_output"
         yield from self.close_inventory()
 
 

@@ -264,6 +264,7 @@ class LuantiEnv(gym.Env):
 
     def _info(self, state: dict[str, Any]) -> dict[str, Any]:
         main = state.get("main") or {}
+        craft = state.get("craft") or {}
         slots = slot_list(main.get("names") or [], [int(c) for c in (main.get("counts") or [])])
         gui = not crosshair_visible(self._frame)
         events = state.get("events") or {}
@@ -280,6 +281,7 @@ class LuantiEnv(gym.Env):
             "health": float(state.get("hp", 0.0)),
             **{k: {n: int(c) for n, c in (events.get(k) or {}).items()} for k in EVENT_KEYS},
             "nearby": [(n["name"], tuple(n["pos"])) for n in (state.get("nearby") or [])],
+            "craft_grid": slot_list(craft.get("names") or [], [int(c) for c in (craft.get("counts") or [])]),
             "tick": int(state.get("tick", 0)),
             "task": self.task.name,
             "steps": self._steps,
