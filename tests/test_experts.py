@@ -51,8 +51,8 @@ def _run(env, name, seed):
     return info, subtasks
 
 
-@pytest.mark.parametrize("name", ["mine_log", "mine_stone", "craft_wooden_pickaxe", "build_wall",
-                                  "find_gold"])
+@pytest.mark.parametrize("name", ["mine_log", "mine_stone", "craft_wooden_pickaxe", "smelt_iron",
+                                  "build_wall", "find_gold"])
 @pytest.mark.game
 @needs_game
 def test_expert_succeeds(env, name):
@@ -61,5 +61,8 @@ def test_expert_succeeds(env, name):
     if name == "craft_wooden_pickaxe":
         assert subtasks[0] == "open_inventory" and subtasks[-1] in ("store_output", "close_inventory")
         assert "take_output" in subtasks and "place_default:stick" in subtasks
+    if name == "smelt_iron":
+        assert info["craft_item"] == {"default:steel_ingot": 1}  # taken out of the furnace
+        assert "load_ore" in subtasks and "take_product" in subtasks
     if name == "mine_stone":
         assert info["use_item"] == {"default:pick_wood": 1}  # the tool was used to break the stone

@@ -30,6 +30,9 @@ _ROW_Y = [205, 232, 256, 280]
 SLOT_XY = {i + 1: (_COL_X[i % 8], _ROW_Y[i // 8]) for i in range(32)}
 CRAFT_XY = {(r, c): (273 + 26 * c, 91 + 24 * r) for r in range(3) for c in range(3)}
 CRAFT_OUTPUT_XY = (378, 115)
+# The furnace formspec (default.get_furnace_*_formspec) on the same render: its own main-inventory rows.
+FURNACE_SLOT_XY = {i + 1: (_COL_X[i % 8], [188, 219, 243, 267][i // 8]) for i in range(32)}
+FURNACE_SRC_XY, FURNACE_FUEL_XY, FURNACE_DST_XY = (300, 98), (300, 146), (352, 109)
 
 # Shaped recipes of minetest_game used by the craft tasks: output -> {(row, col): item}.
 RECIPES: dict[str, dict[tuple[int, int], str]] = {
@@ -323,6 +326,59 @@ class CraftExpert(Expert):
         yield from self.close_inventory()
 
 
+class SmeltExpert(Expert):
+    """Right-click the furnace, put ore in its source slot and fuel in its fuel slot, take the result."""
+
+    def __init__(self, task: Task, furnace: tuple[int, int, int], ore: str, fuel: str, product: str):
+        super().__init__(task)
+        self.furnace, self.ore, self.fuel, self.product = furnace, ore, fuel, product
+
+    def move_stack(self, item: str, to_xy: tuple[int, int], subtask: str):
+        slot = self.slot_of(item)
+        if slot is None:
+            raise RuntimeError(f"no {item} in the inventory to smelt with")
+        yield from self.cursor_to(FURNACE_SLOT_XY[slot], subtask)
+        yield from self.click("attack", subtask)
+        yield from self.cursor_to(to_xy, subtask)
+        yield from self.click("attack", subtask)
+
+    def plan(self):
+        fx, fy, fz = self.furnace
+        x, _, z = self.info["pos"]
+        if math.hypot(fx - x, fz - z) > REACH - 0.5:
+            yield from self.walk_to((fx, fz), REACH - 1.5, "approach")
+        ex, _, ez = self.eye()
+        face = (fx, fy, fz - 0.5 * math.copysign(1, fz - ez)) if abs(fz - ez) >= abs(fx - ex) else (
+            fx - 0.5 * math.copysign(1, fx - ex), fy, fz)
+        yield from self.turn_to(face, "aim")
+        for _ in range(3):
+            yield from self.click("use", "open_furnace", settle=0)
+            for _ in range(40):
+                if self.info["is_gui_open"]:
+                    break
+                yield noop_action(), "open_furnace"
+            if self.info["is_gui_open"]:
+                break
+        if not self.info["is_gui_open"]:
+            raise RuntimeError("the furnace did not open")
+        yield from self.wait(2, "open_furnace")
+        yield from self.move_stack(self.ore, FURNACE_SRC_XY, "load_ore")
+        yield from self.move_stack(self.fuel, FURNACE_FUEL_XY, "load_fuel")
+        for _try in range(8):  # cooking takes a few seconds; taking too early picks up nothing
+            yield from self.wait(30, "wait_smelting")
+            yield from self.cursor_to(FURNACE_DST_XY, "take_product")
+            yield from self.click("attack", "take_product")
+            yield from self.cursor_to(FURNACE_SLOT_XY[self.empty_slot()], "store_product")
+            yield from self.click("attack", "store_product")
+            for _ in range(20):
+                if self.info["inventory"].get(self.product, 0) >= 1:
+                    break
+                yield noop_action(), "store_product"
+            if self.info["inventory"].get(self.product, 0) >= 1:
+                break
+        yield from self.close_inventory()
+
+
 class PlaceExpert(Expert):
     """Place the hotbar-1 block on the ground at each of `cells` (x, z) by right-clicking top faces."""
 
@@ -372,6 +428,8 @@ def expert_for(task: Task) -> Expert:
         "craft_planks": lambda t: CraftExpert(t, "default:wood", 4),
         "craft_sticks": lambda t: CraftExpert(t, "default:stick", 4),
         "craft_wooden_pickaxe": lambda t: CraftExpert(t, "default:pick_wood", 1),
+        "smelt_iron": lambda t: SmeltExpert(t, (0, 9, 2), "default:iron_lump", "default:coal_lump",
+                                            "default:steel_ingot"),
         "place_dirt": lambda t: PlaceExpert(t, "default:dirt", [(0, 2)]),
         "build_wall": lambda t: PlaceExpert(t, "default:dirt", [(-1, 2), (0, 2), (1, 2)]),
         "find_gold": lambda t: ExploreExpert(t, "default:goldblock", 2.0),
@@ -382,4 +440,4 @@ def expert_for(task: Task) -> Expert:
 
 
 EXPERT_TASKS = ("mine_log", "mine_dirt", "mine_stone", "craft_planks", "craft_sticks", "craft_wooden_pickaxe",
-                "place_dirt", "build_wall", "find_gold")
+                "smelt_iron", "place_dirt", "build_wall", "find_gold")
