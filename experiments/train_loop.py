@@ -10,6 +10,7 @@ split is evaluated (loss, per-token-group accuracy); checkpoints are asynchronou
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging as pylogging
 import os
@@ -232,9 +233,7 @@ def evaluate(eval_step: Any, state: Any, batches: Iterator[dict[str, np.ndarray]
     """Mean eval metrics over up to ``max_batches`` batches; accuracies weighted by their token counts."""
     sums: dict[str, float] = {}
     n = 0
-    for i, batch in enumerate(batches):
-        if i >= max_batches:
-            break
+    for batch in itertools.islice(batches, max_batches):
         m = jax.device_get(eval_step(state, _device_batch(batch, sharding, global_size)))
         n += 1
         for k, v in m.items():
