@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from histeve_jax.actions import BUTTONS, CODEBOOKS, Regime, env_to_agent, env_to_discrete
+from histeve_jax.actions import BUTTONS, CODEBOOKS, DiscreteAction, Regime, env_to_agent, env_to_discrete
 from histeve_jax.actions.agent_format import discrete_to_env
 from histeve_jax.actions.tokens import ActionVocab, add_action_tokens, token_strings
 from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS, qwen2_5_vl_tokenizer_dir
@@ -18,13 +18,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 BASE = 1000  # a tiny model's vocabulary: action tokens at 1000..
 
 
-def _random_actions(rng: np.random.Generator, n: int):
-    for _ in range(n):
-        p = rng.choice([0.05, 0.3, 0.8])
-        a = {k: int(rng.random() < p) for k in BUTTONS}
-        scale = rng.choice([0.0, 0.5, 4.0, 40.0])
-        a["camera"] = rng.standard_normal(2) * scale * (rng.random(2) < 0.8)
-        yield a
+def _random_actions(rng: np.random.Generator, n: int) -> dict:
+    """n env actions, batched: sparse and dense presses, camera from still to clipped."""
+    p = rng.choice([0.05, 0.3, 0.8], size=(n, 1))
+    buttons = (rng.random((n, len(BUTTONS))) < p).astype(np.int64)
+    scale = rng.choice([0.0, 0.5, 4.0, 40.0], size=(n, 1))
+    acts = {k: buttons[:, i] for i, k in enumerate(BUTTONS)}
+    acts["camera"] = rng.standard_normal((n, 2)) * scale * (rng.random((n, 2)) < 0.8)
+    return acts
+
+
+def _row(batch: dict, i: int) -> dict:
+    return {k: (v[i] if k == "camera" else int(v[i])) for k, v in batch.items()}
 
 
 def _assert_env_equal(x: dict, y: dict) -> None:
@@ -36,19 +41,27 @@ def _assert_env_equal(x: dict, y: dict) -> None:
 @pytest.mark.parametrize("name", ["vpt", "openha"])
 def test_round_trip_is_exact_on_quantised_actions(name):
     vocab = ActionVocab.contiguous(name, BASE)
-    rng = np.random.default_rng(0)
-    for i, a in enumerate(_random_actions(rng, 2000)):
+    n = 3000
+    acts = _random_actions(np.random.default_rng(0), n)
+    d = env_to_discrete(acts, name)  # batched quantisation, then one action at a time through the tokens
+    quantised, agent = discrete_to_env(d, name), env_to_agent(acts, name)
+    for i in range(n):
         regime = Regime(i % 2)
-        ids = vocab.encode(a, regime)
-        assert ids[0] == vocab.ids[vocab.slots.type[regime]]
-        assert len(ids) <= vocab.max_len
-        got, got_regime = vocab.decode(ids)
+        row = DiscreteAction(d.choices[i], d.inventory[i], d.camera[i])
+        ids = vocab.encode_discrete(row, regime)
+        assert ids[0] == vocab.ids[vocab.slots.type[regime]] and len(ids) <= vocab.max_len
+        got, got_regime = vocab.decode_discrete(ids)
         assert got_regime is regime
-        _assert_env_equal(got, discrete_to_env(env_to_discrete(a, name), name))
-        # The agent format of the decoded action is the agent format of the original.
-        assert env_to_agent(got, name) == env_to_agent(a, name)
-        # MineStudio's agent format encodes to the same tokens.
-        np.testing.assert_array_equal(vocab.encode(env_to_agent(a, name), regime), ids)
+        for field in ("choices", "inventory", "camera"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(row, field))
+        if i % 10 == 0:  # the env- and agent-format entry points give the same tokens and actions
+            a = _row(acts, i)
+            np.testing.assert_array_equal(vocab.encode(a, regime), ids)
+            one_agent = {"buttons": int(agent["buttons"][i]), "camera": int(agent["camera"][i])}
+            np.testing.assert_array_equal(vocab.encode(one_agent, regime), ids)
+            env, _ = vocab.decode(ids)
+            _assert_env_equal(env, _row(quantised, i))
+            assert env_to_agent(env, name) == env_to_agent(a, name)
 
 
 @pytest.mark.parametrize("name", ["vpt", "openha"])

@@ -21,10 +21,12 @@ from histeve_jax.actions.codebook import (
     get_codebook,
     regime_of,
 )
-from histeve_jax.actions.grammar import ActionGrammar, build_grammar
-from histeve_jax.actions.tokens import ActionVocab, add_action_tokens, token_strings
+from histeve_jax.actions.grammar import ActionConstraint, ActionGrammar, build_grammar
+from histeve_jax.actions.tokens import TOKEN_GROUPS, ActionVocab, add_action_tokens, token_strings
 
 __all__ = [
+    "ActionConstraint",
+    "TOKEN_GROUPS",
     "ActionGrammar",
     "ActionVocab",
     "BUTTONS",

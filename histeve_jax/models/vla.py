@@ -41,13 +41,12 @@ from flax import nnx
 from histeve_jax.actions import grammar as G
 from histeve_jax.actions.codebook import Regime, get_codebook, regime_of
 from histeve_jax.actions.tokens import TOKEN_GROUPS, ActionVocab, token_strings
+from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, load_hf, resize_token_embeddings
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
 from histeve_jax.models.qwen2_5_vl.generate import generate
 from histeve_jax.train.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
 
-# The Qwen tokenizer's own ids end here; action tokens added by add_action_tokens start here.
-QWEN_TOKENIZER_IDS = 151665
 METRIC_GROUPS: tuple[str, ...] = TOKEN_GROUPS + ("other",)  # "other": <|im_end|> and text targets
 
 
@@ -57,7 +56,8 @@ class VLAConfig:
 
     base: Qwen2_5_VLConfig
     codebook: str = "vpt"
-    action_token_base: int = QWEN_TOKENIZER_IDS  # first action token id (len(tokenizer) before adding them)
+    # First action token id: the Qwen tokenizer's length before add_action_tokens (its own ids end there).
+    action_token_base: int = NUM_TOKENIZER_IDS
     history_frames: int = 0  # frames before the current one in each prompt
     image_size: tuple[int, int] = (56, 56)  # (H, W) of every frame, multiples of 28
     max_targets: int = 16  # target positions per sample at which the loss computes logits
