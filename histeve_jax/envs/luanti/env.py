@@ -318,7 +318,14 @@ class LuantiEnv(gym.Env):
             except GameCrashed:
                 self._shutdown()
         if self.proc is None:
-            self._start()
+            try:
+                self._start()
+            except GameError:
+                self._shutdown()
+                raise
+            except (OSError, TimeoutError) as e:  # no window, no X connection: treat as a failed start
+                self._shutdown()
+                raise GameCrashed(f"the game did not start: {e}") from e
         try:
             return self._reset_in_game()
         except (OSError, ConnectionError) as e:  # the X connection or the world dir vanished

@@ -156,8 +156,12 @@ class LuantiProcess:
         shutil.copytree(MOD_DIR, self.world / "worldmods" / MOD_DIR.name)
         self.config_path.write_text(
             client_config(fps_max=fps_max, viewing_range=viewing_range, map_seed=map_seed))
-        self._start_xvfb(startup_timeout_s)
-        self._start_game()
+        try:
+            self._start_xvfb(startup_timeout_s)
+            self._start_game()
+        except BaseException:
+            self.stop()
+            raise
 
     # The state file the mod writes; callers poll it.
     @property
