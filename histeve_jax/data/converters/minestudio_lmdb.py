@@ -158,3 +158,24 @@ def convert_dataset(dataset_dir: str | os.PathLike, output_dir: str | os.PathLik
         for m in (image, action, meta):
             m.close()
     return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m histeve_jax.data.converters.minestudio_lmdb DATASET_DIR OUTPUT_DIR [--instruction X]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="MineStudio LMDB data set -> record shards")
+    ap.add_argument("dataset_dir", help="the folder holding image/ (or video/), action/ and meta_info/")
+    ap.add_argument("output_dir")
+    ap.add_argument("--instruction", default="")
+    ap.add_argument("--task-id", default="minestudio")
+    ap.add_argument("--max-episodes", type=int, default=None)
+    a = ap.parse_args(argv)
+    stats = convert_dataset(a.dataset_dir, a.output_dir, instruction=a.instruction, task_id=a.task_id,
+                            max_episodes=a.max_episodes)
+    print(f"episodes={stats.episodes} records={stats.records} skipped={dict(stats.skipped)} "
+          f"shards={len(stats.shards)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -214,3 +214,26 @@ def convert_directory(input_dir: str | os.PathLike, output_dir: str | os.PathLik
             stats.records += len(recs)
     stats.shards = list(writer.paths)
     return stats
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m histeve_jax.data.converters.vpt INPUT_DIR OUTPUT_DIR [--instruction ...]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="VPT contractor segments (.mp4 + .jsonl) -> record shards")
+    ap.add_argument("input_dir")
+    ap.add_argument("output_dir")
+    ap.add_argument("--instruction", default="", help="the instruction of every episode (e.g. the task)")
+    ap.add_argument("--task-id", default="vpt")
+    ap.add_argument("--resize", default="", help="WxH to store frames at, e.g. 448x252")
+    ap.add_argument("--frame-format", default="jpeg", choices=R.FRAME_FORMATS)
+    a = ap.parse_args(argv)
+    resize = tuple(int(v) for v in a.resize.lower().split("x")) if a.resize else None
+    stats = convert_directory(a.input_dir, a.output_dir, instruction=a.instruction, task_id=a.task_id,
+                              frame_format=a.frame_format, resize=resize)
+    print(f"episodes={stats.episodes} records={stats.records} null_actions_dropped={stats.filtered_steps} "
+          f"skipped={dict(stats.skipped)} shards={len(stats.shards)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -113,3 +113,22 @@ def convert_file(path: str | os.PathLike, output_dir: str | os.PathLike, *, task
                 stats.records += 1
     stats.shards = list(writer.paths)
     return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m histeve_jax.data.converters.world_knowledge FILE.jsonl [FILE.json ...] OUTPUT_DIR``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="image + QA / caption JSON(L) -> world-knowledge record shards")
+    ap.add_argument("files", nargs="+", help="JSON/JSONL files, then the output directory")
+    a = ap.parse_args(argv)
+    if len(a.files) < 2:
+        ap.error("give at least one input file and the output directory")
+    *inputs, out = a.files
+    for path in inputs:
+        stats = convert_file(path, out)
+        print(f"{path}: records={stats.records} skipped={dict(stats.skipped)}")
+
+
+if __name__ == "__main__":
+    main()
