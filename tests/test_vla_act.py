@@ -115,7 +115,8 @@ def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
     """act's prompt for (frames, instruction) is the prefix of the training sample the pipeline builds."""
     from histeve_jax.data import records
     from histeve_jax.data.pipeline import CompactVocab, FeatureSpec, Featurize
-    from histeve_jax.models.vla import act_on_observations, observation_inputs, policy_processor
+    from histeve_jax.models.qwen2_5_vl import qwen2_5_vl_7b
+    from histeve_jax.models.vla import VLAConfig, act_on_observations, observation_inputs, policy_processor
 
     config = policy.config
     compact = CompactVocab()
@@ -132,7 +133,11 @@ def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
         samples.append(featurize._features({"record": rec, "frames": [records.encode_frame(f, "png")
                                                                       for f in frames]}))
         observations.append((frames, text))
-    processor = policy_processor(config, featurize._processor.tokenizer)
+    tok = featurize._processor.tokenizer
+    VLAConfig(base=qwen2_5_vl_7b(), codebook=config.codebook).check_tokenizer(tok)  # ids right after Qwen's
+    with pytest.raises(ValueError, match="action_token_base is 320"):
+        policy.check_tokenizer(tok)  # the tiny table's ids differ: only the pipeline's remap reaches them
+    processor = policy_processor(config, tok)
     table = compact.table(len(config.vocab.ids))
     inputs = observation_inputs(config, processor, observations, id_map=table)
     first_action = config.vocab.ids[config.vocab.slots.type[0]]

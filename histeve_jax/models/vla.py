@@ -73,6 +73,15 @@ class VLAConfig:
     def vocab(self) -> ActionVocab:
         return ActionVocab.contiguous(self.codebook, self.action_token_base)
 
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """Raise unless ``tokenizer`` (after ``add_action_tokens``) gives the action tokens these ids."""
+        got = ActionVocab.from_tokenizer(tokenizer, self.codebook).ids
+        if not np.array_equal(got, self.vocab.ids):
+            raise ValueError(
+                f"tokenizer action ids start at {int(got[0])}, VLAConfig.action_token_base is "
+                f"{self.action_token_base}"
+            )
+
     @property
     def vocab_size(self) -> int:
         """Rows of the policy's tables: the base's, or more if the action tokens do not fit."""
@@ -161,11 +170,7 @@ class VLAPolicy(nnx.Module):
 
     def check_tokenizer(self, tokenizer: Any) -> None:
         """Raise unless ``tokenizer``'s action-token ids are the ones this policy was built with."""
-        got = ActionVocab.from_tokenizer(tokenizer, self.config.codebook).ids
-        if not np.array_equal(got, self.config.vocab.ids):
-            raise ValueError(
-                f"tokenizer action ids start at {int(got[0])}, policy's at {self.config.action_token_base}"
-            )
+        self.config.check_tokenizer(tokenizer)
 
     def loss(self, batch: Mapping[str, Any]) -> tuple[jax.Array, dict[str, jax.Array]]:
         return action_loss(self, batch)
