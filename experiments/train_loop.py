@@ -271,6 +271,34 @@ class _QuietLibraries(pylogging.Filter):
         return record.levelno >= pylogging.WARNING or "orbax" not in record.pathname
 
 
+def _data_state_path(workdir: str, step: int) -> str:
+    return os.path.join(workdir, "data_state", str(step), f"process_{jax.process_index()}.json")
+
+
+def _save_data_state(workdir: str, step: int, state: Any, keep: int) -> None:
+    """Each host's own iterator state for ``step`` (the checkpoint's ``data_iter`` item is written by one
+    host only, and hosts' iterators differ: their shards, and the bad samples each skipped)."""
+    path = _data_state_path(workdir, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(state, f)
+    os.replace(path + ".tmp", path)
+    root = os.path.join(workdir, "data_state")
+    steps = sorted(int(d) for d in os.listdir(root) if d.isdigit())
+    for old in steps[: max(len(steps) - max(keep, 1) - 1, 0)]:  # one extra: a save may still be in flight
+        stale = os.path.join(root, str(old), os.path.basename(path))
+        if os.path.exists(stale):
+            os.remove(stale)
+
+
+def _load_data_state(workdir: str, step: int, fallback: Any) -> Any:
+    path = _data_state_path(workdir, step)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return fallback
+
+
 class _Preempted:
     """SIGTERM (a preempted TPU VM, a cluster scheduler) asks the loop to save and stop at the next step."""
 
@@ -308,7 +336,10 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
                         async_save=config.async_checkpoint)
     state, shardings, data_state = build_state(config, cfg, tx, mesh, rules, ckpt)
     train_it = make_iterator(train_dirs, config, train=True)
-    if data_state is not None:
+    if int(state.step) > 0:
+        data_state = _load_data_state(workdir, int(state.step), data_state)
+        if data_state is None:
+            raise ValueError(f"{workdir}: checkpoint step {int(state.step)} has no data iterator state")
         train_it.set_state(data_state)
 
     train_step = step_lib.jit_train_step(step_lib.make_train_step(_loss_fn, tx, schedule=schedule), shardings,
@@ -357,9 +388,13 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
             if step == config.stop_at_step:
                 logging.info("stop_at_step=%d: leaving without a final save (a simulated kill)", step)
                 break
+            # SIGTERM on this host, or a preemption notice all hosts agreed on (orbax / jax sync)
+            preempted.flag = preempted.flag or ckpt.reached_preemption(step)
             if step % config.checkpoint_every == 0 or step == total or preempted.flag:
-                ckpt.save(step, state, data_iter_state=train_it.get_state(), config=config,
-                          force=preempted.flag)
+                data_state = train_it.get_state()
+                if jax.process_count() > 1:
+                    _save_data_state(workdir, step, data_state, config.keep_checkpoints)
+                ckpt.save(step, state, data_iter_state=data_state, config=config, force=preempted.flag)
             if preempted.flag:
                 logging.info("SIGTERM: saved step %d, stopping", step)
                 break

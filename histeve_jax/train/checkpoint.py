@@ -161,6 +161,10 @@ class Checkpointer:
         config = restored[_CONFIG] if _CONFIG in present else None
         return state, data, config
 
+    def reached_preemption(self, step: int) -> bool:
+        """Whether the hosts agreed that a preemption notice arrived (jax's sync), so save at ``step``."""
+        return bool(self._manager.reached_preemption(int(step)))
+
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk."""
         self._manager.wait_until_finished()
