@@ -127,21 +127,24 @@ def data_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:
     return train, evald
 
 
-def feature_spec(config: Any) -> P.FeatureSpec:
-    """The pipeline's FeatureSpec; a tiny model gets the compact id remap (see ``pipeline.CompactVocab``)."""
+def feature_spec(config: Any, cfg: vla.VLAConfig) -> P.FeatureSpec:
+    """The pipeline's FeatureSpec; a model whose table is smaller than the tokenizer (the tiny test models)
+    gets the compact id remap (see ``pipeline.CompactVocab``)."""
+    from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS
+
     d = config.data
     compact = None
-    if config.model.kind == "tiny":
-        b = tiny_base()
+    b = cfg.base
+    if b.text.vocab_size < NUM_TOKENIZER_IDS:
         compact = P.CompactVocab(image_token_id=b.image_token_id, video_token_id=b.video_token_id,
                                  vision_start_token_id=b.vision_start_token_id,
-                                 vision_end_token_id=b.vision_end_token_id, action_base=b.text.vocab_size)
+                                 vision_end_token_id=b.vision_end_token_id, action_base=cfg.action_token_base)
     return P.FeatureSpec(kind=d.kind, history=d.history, stride=d.stride, image_size=tuple(d.image_size),
                          max_len=d.max_len, codebook=d.codebook, tokenizer_path=d.tokenizer_path or None,
                          compact_vocab=compact)
 
 
-def make_iterator(dirs: list[str], config: Any, *, train: bool) -> P.Batches:
+def make_iterator(dirs: list[str], config: Any, cfg: vla.VLAConfig, *, train: bool) -> P.Batches:
     """This host's batch iterator (its share of the global batch, its shard of the data)."""
     d = config.data
     per_host, rem = divmod(d.batch_size, jax.process_count())
@@ -154,7 +157,7 @@ def make_iterator(dirs: list[str], config: Any, *, train: bool) -> P.Batches:
         worker_count=d.worker_count, worker_buffer_size=d.worker_buffer_size, read_threads=d.read_threads,
         max_bad_fraction=d.max_bad_fraction, min_samples_for_check=d.min_samples_for_check,
         shard_index=jax.process_index(), shard_count=jax.process_count())
-    return P.make_batches(dirs, feature_spec(config), opts)
+    return P.make_batches(dirs, feature_spec(config, cfg), opts)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -207,7 +210,10 @@ def build_state(config: Any, cfg: vla.VLAConfig, tx: Any, mesh: Any, rules: Any,
         logging.info("resuming from %s step %d", ckpt.directory, int(state.step))
         return state, shardings, data_state
     if config.model.kind == "hf":
-        policy = vla.VLAPolicy.from_pretrained(config.model.hf_path, cfg, seed=config.seed, mesh=mesh)
+        m = config.model
+        overrides = dict(dtype=_dtype(m.dtype), param_dtype=_dtype(m.param_dtype), remat=m.remat)
+        policy = vla.VLAPolicy.from_pretrained(m.hf_path, cfg, seed=config.seed, mesh=mesh, rules=rules,
+                                               config_overrides=overrides)
         state, shardings = state_lib.shard_model_state(policy, tx, mesh, rules)
     else:
         state, shardings = state_lib.create_train_state(model_fn, tx, mesh, rules)
@@ -335,7 +341,7 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints,
                         async_save=config.async_checkpoint)
     state, shardings, data_state = build_state(config, cfg, tx, mesh, rules, ckpt)
-    train_it = make_iterator(train_dirs, config, train=True)
+    train_it = make_iterator(train_dirs, config, cfg, train=True)
     if int(state.step) > 0:
         data_state = _load_data_state(workdir, int(state.step), data_state)
         if data_state is None:
@@ -381,8 +387,8 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
                 if bar is not None:
                     bar.set_postfix(loss=f"{m['loss']:.4f}")
             if config.eval_every > 0 and eval_dirs and (step % config.eval_every == 0 or step == total):
-                em = evaluate(eval_step, state, make_iterator(eval_dirs, config, train=False), batch_sharding,
-                              gbs, config.eval_batches)
+                eval_it = make_iterator(eval_dirs, config, cfg, train=False)
+                em = evaluate(eval_step, state, eval_it, batch_sharding, gbs, config.eval_batches)
                 history.setdefault(step, {}).update(em)
                 writer.write_scalars(step, em)
             if step == config.stop_at_step:
