@@ -1,12 +1,16 @@
 """Our Qwen2.5-VL gives transformers' logits: text, images, video, padding, long prompts, scan or not."""
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from conftest import qwen_images, qwen_vision_block
+from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl import get_rope_index, load_hf
+from histeve_jax.models.qwen2_5_vl.rope import as_grid
 
 TOL = 1e-4
 
@@ -15,10 +19,10 @@ def _mm_types(cfg, ids):
     return (ids == cfg.image_token_id).astype(np.int64) + 2 * (ids == cfg.video_token_id).astype(np.int64)
 
 
-def hf_logits(cfg, hf, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None, spg=None):
+def hf_logits(cfg, hf, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None, spg=None, hidden=False):
     t = lambda x: None if x is None else torch.tensor(x)
     with torch.no_grad():
-        out = hf(
+        out = (hf.model if hidden else hf)(
             input_ids=t(ids),
             attention_mask=t(mask),
             pixel_values=t(pv),
@@ -28,22 +32,28 @@ def hf_logits(cfg, hf, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None,
             second_per_grid_ts=t(spg),
             mm_token_type_ids=t(_mm_types(cfg, ids)),
         )
-    return out.logits.numpy()
+    return out.last_hidden_state.numpy() if hidden else out.logits.numpy()
 
 
-def our_logits(model, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None, spg=None):
-    j = lambda x: None if x is None else jnp.asarray(x)
-    return np.asarray(
-        model(
-            j(ids),
-            attention_mask=j(mask),
-            pixel_values=j(pv),
-            image_grid_thw=grid,
-            pixel_values_videos=j(pvv),
-            video_grid_thw=vgrid,
-            second_per_grid_ts=j(spg),
-        )
+@functools.partial(nnx.jit, static_argnames=("grid", "vgrid"))
+def _forward(model, ids, mask, pv, pvv, spg, grid, vgrid):
+    return model(
+        ids,
+        attention_mask=mask,
+        pixel_values=pv,
+        image_grid_thw=grid,
+        pixel_values_videos=pvv,
+        video_grid_thw=vgrid,
+        second_per_grid_ts=spg,
+        return_hidden=True,
     )
+
+
+def our_logits(model, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None, spg=None, hidden=False):
+    """Logits (or final hidden states) from one jitted forward (grids static)."""
+    j = lambda x: None if x is None else jnp.asarray(x)
+    out = _forward(model, j(ids), j(mask), j(pv), j(pvv), j(spg), as_grid(grid), as_grid(vgrid))
+    return np.asarray(out[1] if hidden else out[0])
 
 
 def assert_close(ours, ref, where=None):
@@ -78,6 +88,9 @@ def test_one_image_logits_match_transformers(qwen_tiny_dir, qwen_tiny_flax):
     pv, grid = qwen_images([(112, 168)])
     ids = np.asarray([[1, 2, 3] + qwen_vision_block(cfg, grid[0], cfg.image_token_id) + [4, 5, 6]])
     assert_close(our_logits(model, ids, pv=pv, grid=grid), hf_logits(cfg, hf, ids, pv=pv, grid=grid))
+    # The final hidden states (the completion detector reads them) match HF's last_hidden_state.
+    ref_h = hf_logits(cfg, hf, ids, pv=pv, grid=grid, hidden=True)
+    assert_close(our_logits(model, ids, pv=pv, grid=grid, hidden=True), ref_h)
 
 
 def test_two_images_of_different_sizes_match_transformers(qwen_tiny_dir, model):
@@ -149,7 +162,8 @@ def test_vision_tower_matches_transformers(qwen_tiny_dir, qwen_tiny_flax):
     with torch.no_grad():
         ref = hf.model.get_image_features(torch.tensor(pv), torch.tensor(grid)).pooler_output
     ref = torch.cat(ref).numpy()
-    ours = np.asarray(qwen_tiny_flax.get_image_features(jnp.asarray(pv), grid))
+    vis = nnx.jit(lambda m, pv: m.get_image_features(pv, as_grid(grid)))
+    ours = np.asarray(vis(qwen_tiny_flax, jnp.asarray(pv)))
     assert ours.shape == ref.shape
     assert_close(ours, ref)
 

@@ -135,13 +135,14 @@ def _decode_loop(
         jnp.full((B, max_new), pad_id, jnp.int32),
         jnp.zeros((B,), jnp.int32),
     )
-    *_, out, lengths = jax.lax.while_loop(cond, body, init)
-    return out, lengths
+    _, _, cache, *_, out, lengths = jax.lax.while_loop(cond, body, init)
+    # Returning the cache lets XLA alias it to the donated input: the loop writes the prefill's buffer.
+    return out, lengths, cache
 
 
 _STATIC = ("graphdef", "prompt_len", "max_new", "greedy", "stop_ids", "pad_id", "c_static")
-_decode_donating = jax.jit(_decode_loop, static_argnames=_STATIC, donate_argnums=(3,))
-_decode_plain = jax.jit(_decode_loop, static_argnames=_STATIC)
+# The prefilled cache is donated: the loop updates it in place.
+_decode = jax.jit(_decode_loop, static_argnames=_STATIC, donate_argnums=(3,))
 
 
 def _split_constraint(constraint: Any) -> tuple[Any, list]:
@@ -204,9 +205,7 @@ def generate(
         max_new=max_new_tokens,
     )
     c_static, c_leaves = _split_constraint(constraint)
-    # The CPU backend cannot donate buffers (and warns); elsewhere the cache is updated in place.
-    decode = _decode_plain if jax.default_backend() == "cpu" else _decode_donating
-    out, lengths = decode(
+    out, lengths, _ = _decode(
         graphdef,
         state,
         logits,
