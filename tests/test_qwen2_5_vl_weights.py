@@ -256,3 +256,19 @@ def test_convert_cli_round_trips_through_orbax(qwen_tiny_dir, qwen_tiny_flax, pr
     assert sorted(src) == sorted(dst)
     for k in src:
         np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+
+
+@pytest.mark.parametrize("make", [qwen2_5_vl_7b, qwen2_5_vl_3b])
+def test_named_configs_have_the_published_parameter_counts(make):
+    from transformers import Qwen2_5_VLConfig as HFConfig
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel
+
+    cfg = make()
+    model = nnx.eval_shape(lambda: Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)))
+    ours = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    with torch.device("meta"):
+        hf = Qwen2_5_VLForConditionalGeneration(HFConfig(**cfg.to_hf_dict()))
+    assert ours == sum(p.numel() for p in hf.parameters())
+    assert ours == {qwen2_5_vl_7b: 8_292_166_656, qwen2_5_vl_3b: 3_754_622_976}[make]
