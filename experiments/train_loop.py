@@ -99,16 +99,26 @@ def _recorded_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]] | N
                "--config.progress_bar=False"]
         logging.info("data: recording from the game: %s", " ".join(cmd))
         subprocess.run(cmd, check=True, timeout=rec.timeout_s, cwd=os.path.dirname(os.path.dirname(__file__)))
-        episodes: dict[str, list] = {}
-        for p in R.shard_paths(out):
-            for r in R.read_shard(p):
-                episodes.setdefault(r.episode_id, []).append(r)
-        last = {}
-        for eid, steps in episodes.items():  # episode order is recording order: the last of a task is eval
-            last[steps[0].task_id] = eid
-        R.write_episodes(train, [e for k, e in episodes.items() if k not in last.values()], prefix="recorded")
-        R.write_episodes(evald, [episodes[k] for k in last.values()], prefix="recorded")
+        split_by_task(out, train, evald)
     return [train], [evald]
+
+
+def split_by_task(source: str, train: str, evald: str) -> tuple[int, int]:
+    """Copy the episodes of ``source`` into ``train`` and ``evald``: the last episode of each task (in
+    recording order) is held out. Returns (train episodes, eval episodes)."""
+    from histeve_jax.data import records as R
+
+    episodes: dict[str, list] = {}
+    for p in R.shard_paths(source):
+        for r in R.read_shard(p):
+            episodes.setdefault(r.episode_id, []).append(r)
+    last = {}
+    for eid, steps in episodes.items():
+        last[steps[0].task_id] = eid
+    held = set(last.values())
+    R.write_episodes(train, [e for k, e in episodes.items() if k not in held], prefix="recorded")
+    R.write_episodes(evald, [episodes[k] for k in last.values()], prefix="recorded")
+    return len(episodes) - len(held), len(held)
 
 
 def data_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:

@@ -116,3 +116,19 @@ def test_hf_variant_without_a_checkpoint_is_a_clear_error():
     c.model.hf_path = "/nonexistent/Qwen2.5-VL-7B"
     with pytest.raises(FileNotFoundError, match="hf_path"):
         train_loop.vla_config(c)
+
+
+def test_recorded_demos_split_holds_out_the_last_episode_of_each_task(tmp_path):
+    from histeve_jax.data import records as R
+
+    rng = np.random.default_rng(0)
+    eps = [synthetic.ng_episode(rng, f"e{i}", 3, 28, 28) for i in range(5)]
+    for i, ep in enumerate(eps):
+        for r in ep:
+            r.task_id = ("craft_planks", "place_dirt")[i % 2]
+    R.write_episodes(tmp_path / "rec", eps)
+    counts = train_loop.split_by_task(str(tmp_path / "rec"), str(tmp_path / "tr"), str(tmp_path / "ev"))
+    assert counts == (3, 2)
+    held = {r.episode_id for p in R.shard_paths(tmp_path / "ev") for r in R.read_shard(p)}
+    kept = {r.episode_id for p in R.shard_paths(tmp_path / "tr") for r in R.read_shard(p)}
+    assert held == {"e3", "e4"} and kept == {"e0", "e1", "e2"}

@@ -13,6 +13,9 @@ Stages (one grain ``DataLoader``; the per-sample work runs in its worker process
    the iterator state saved with each checkpoint (grain's sampler position plus the counters), so a resumed
    run sees exactly the batches it would have seen.
 
+Token ids are the Qwen tokenizer's with the Dual-Mouse tokens added after it (ids 151665..); a tiny test
+model whose table is smaller gets them rewritten by ``CompactVocab``.
+
 Bad input never stops a run by itself: a shard that does not open (truncated, not ArrayRecord) is left out
 when the pipeline is built, a record that does not decode or lacks a field, or a frame that does not decode,
 becomes a ``BAD`` element that ``Batches`` skips; both are counted (``data/bad_*`` metrics). When the bad
