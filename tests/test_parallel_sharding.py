@@ -10,6 +10,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, qwen2_5_vl_7b, tiny
+from histeve_jax.models.qwen2_5_vl.vision import VisionTower
 from histeve_jax.parallel import axes, sharding
 from histeve_jax.train import optimizer
 from histeve_jax.train import state as state_lib
@@ -123,3 +124,16 @@ def test_optimizer_moments_are_sharded_like_their_parameters(abstract_7b_state):
         for k, v in flat.items():
             assert v.get_value().spec == params[k].get_value().spec, k
     assert params[("lm_head",)].get_value().spec == P("fsdp", "tensor")
+
+
+def test_same_size_images_run_per_image_with_the_same_output():
+    # The policy's frames share one size; the vision tower then maps one image's program over the images
+    # (so the image axis can shard over the batch axes) and must give exactly the flat all-images result.
+    vt = VisionTower(tiny(), rngs=nnx.Rngs(0))
+    grid = ((1, 4, 6),) * 3
+    pv = np.random.RandomState(0).randn(3 * 24, tiny().vision.patch_dim).astype(np.float32)
+    per_image = jax.jit(lambda x: vt(x, grid))(pv)
+    flat = jax.jit(lambda x: vt._forward(x, grid))(pv)
+    np.testing.assert_allclose(np.asarray(per_image), np.asarray(flat), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pixel_values has shape"):
+        vt(pv[:-1], grid)

@@ -88,3 +88,17 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     mesh, rules = active
     spec = logical_to_spec(names, rules)
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def batch_mesh_axes() -> tuple[str, ...] | None:
+    """The mesh axes the batch axis of activations shards over under the active mesh, or None outside one
+    (for ``jax.vmap(spmd_axis_name=...)`` over a batch-like axis, so constraints inside keep it split)."""
+    active = _ACTIVE.get()
+    if active is None:
+        return None
+    mesh, rules = active
+    entry = logical_to_spec((ACT_BATCH,), rules)[0]
+    if entry is None:
+        return None
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    return tuple(a for a in names if a in mesh.axis_names) or None

@@ -148,6 +148,26 @@ class VisionTower(nnx.Module):
 
     def __call__(self, pixel_values: jax.Array, grid_thw: object) -> jax.Array:
         grid = as_grid(grid_thw)
+        if len(grid) > 1 and len(set(grid)) == 1:
+            return self._same_size_images(pixel_values, grid)
+        return self._forward(pixel_values, grid)
+
+    def _same_size_images(self, pixel_values: jax.Array, grid: tuple) -> jax.Array:
+        """Images of one size (the policy's frames): one image's program vmapped over the images, so the
+        image axis shards over the batch mesh axes. (`_forward`'s permutations and segment gathers index the
+        flat patch axis of all images, which SPMD can only do by gathering every patch onto every device.)
+        Same numbers and image-major output order as `_forward`."""
+        n, (t, h, w) = len(grid), grid[0]
+        if pixel_values.shape != (n * t * h * w, self.cfg_v.patch_dim):
+            raise ValueError(
+                f"pixel_values has shape {pixel_values.shape}; grid_thw {n} x {grid[0]} needs "
+                f"({n * t * h * w}, {self.cfg_v.patch_dim})"
+            )
+        x = axes.constrain(pixel_values.reshape(n, t * h * w, -1), (axes.ACT_BATCH, None, None))
+        out = jax.vmap(lambda xi: self._forward(xi, grid[:1]), spmd_axis_name=axes.batch_mesh_axes())(x)
+        return out.reshape(n * out.shape[1], out.shape[2])
+
+    def _forward(self, pixel_values: jax.Array, grid: tuple) -> jax.Array:
         plan = vision_plan(self.cfg_v, grid)
         if pixel_values.shape != (plan["n"], self.cfg_v.patch_dim):
             raise ValueError(

@@ -1,0 +1,37 @@
+"""The ahead-of-time plan: which train step to compile for which pod, and the budget it must fit.
+
+``:qwen7b`` (default) is the imitation stage's 7B step on a v5p-128 (64 chips, pure FSDP); ``:tiny`` is
+the tiny policy on 8 simulated devices, for tests. The stage's own config lives under ``train``, so the
+plan compiles exactly what ``experiments.imitation`` runs (override e.g. ``--config.train.model.remat=none``).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from experiments.configs import imitation
+
+V5P_HBM_BYTES = 95e9  # per chip
+V5P_BF16_FLOPS = 459e12  # per chip, peak
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variant = arg or "qwen7b"
+    c = ml_collections.ConfigDict()
+    c.variant = variant
+    c.train = imitation.get_config(variant)
+    # The schedule's length does not change the compiled step; it must only be valid (imitation's qwen7b
+    # variant inherits 200 steps, fewer than its 500 warm-up steps).
+    c.train.num_train_steps = max(int(c.train.num_train_steps), int(c.train.optimizer.warmup_steps) + 1)
+    c.num_devices = 64 if variant == "qwen7b" else 8  # simulated CPU devices = chips of the target slice
+    c.mesh = ml_collections.ConfigDict({"ici": {"data": 1, "fsdp": -1, "tensor": 1}})
+    c.sharding = "fsdp"
+    c.microbatches = 1
+    c.hbm_bytes = V5P_HBM_BYTES
+    c.hbm_budget = 0.6  # the step must fit in this fraction of one chip's HBM
+    c.peak_flops = V5P_BF16_FLOPS
+    c.flops_tolerance = 1.05  # compiled / analytic FLOPs without remat
+    # "unrolled_layers": count FLOPs on 1- and 2-layer unrolled copies of the step and extrapolate
+    # (cost analysis counts a scanned body once); "scanned": the main program's own (under-)count.
+    c.flops_from = "unrolled_layers"
+    return c

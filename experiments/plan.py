@@ -1,0 +1,291 @@
+"""Ahead-of-time plan of the full-size train step on a pod, from a CPU host: nothing is allocated.
+
+    python -m experiments.plan                                          # 7B imitation step, v5p-128, FSDP 64
+    python -m experiments.plan --config=experiments/configs/plan.py:qwen7b --mesh=data=2,fsdp=32
+    python -m experiments.plan --config.train.model.remat=none          # FLOPs without recomputation
+
+It lowers and compiles the jitted train step (policy forward, action loss, backward, clipped AdamW update)
+over a mesh of simulated CPU devices, with abstract state and batch that carry their shardings, then prints
+per-device memory (parameters and optimizer state from the shardings; arguments, outputs and temporaries
+from the compiled ``memory_analysis()``) and the compiled FLOPs (``cost_analysis()``) against an analytic
+count. The last line is ``hbm_fraction_v5p=<f> flops_ratio=<r>``.
+
+XLA:CPU schedules, fuses and rematerialises differently from XLA:TPU, so the memory figures are an estimate
+of the TPU program's (bf16 dots in particular may keep f32 copies on CPU); the sharding, the per-device
+shapes and the FLOPs are those of the SPMD-partitioned program.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+config_flags.DEFINE_config_file(
+    "config", os.path.join(_CONFIGS, "plan.py:qwen7b"), "Plan config.", lock_config=True
+)
+_MESH = flags.DEFINE_string(
+    "mesh", "", "ICI mesh sizes, e.g. 'data=2,fsdp=-1' or '1,64,1' (default: config)."
+)
+
+
+def vla_config(train: Any) -> Any:
+    """The policy config the stage trains, built from the named base shape (no HF directory needed)."""
+    import jax.numpy as jnp
+
+    from histeve_jax.models import vla
+    from histeve_jax.models.qwen2_5_vl import qwen2_5_vl_7b
+    from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
+
+    m, d = train.model, train.data
+    over = dict(
+        dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype), remat=m.remat, scan_layers=True
+    )
+    kw = dict(
+        codebook=d.codebook,
+        history_frames=d.history if d.kind == "demo" else 0,
+        image_size=tuple(d.image_size),
+        max_targets=m.max_targets,
+    )
+    if m.kind == "tiny":  # as experiments.train_loop builds it: action rows appended to the tiny vocab
+        return vla.tiny_config(base=tiny_base().replace(**over), **kw)
+    return vla.VLAConfig(base=qwen2_5_vl_7b().replace(**over), **kw)
+
+
+def abstract_batch(cfg: Any, batch_size: int, seq_len: int) -> dict[str, Any]:
+    """ShapeDtypeStructs of one global batch as ``data.pipeline`` feeds ``vla.action_loss``."""
+    import jax
+    import jax.numpy as jnp
+
+    B, L = batch_size, seq_len
+    patches = cfg.num_frames * cfg.patches_per_image
+    s = jax.ShapeDtypeStruct
+    return {
+        "input_ids": s((B, L), jnp.int32),
+        "attention_mask": s((B, L), jnp.int32),
+        "targets": s((B, L), jnp.int32),
+        "loss_mask": s((B, L), jnp.float32),
+        "regime": s((B,), jnp.int32),
+        "pixel_values": s((B, patches, cfg.base.vision.patch_dim), jnp.float32),
+    }
+
+
+def analytic_flops(cfg: Any, batch_size: int, seq_len: int) -> dict[str, float]:
+    """Training FLOPs of one step by part: 6 x matmul params x tokens, plus attention (12 B L^2 E per layer,
+    all L^2 scores computed), the loss head only at ``max_targets`` positions, the vision tower on every
+    patch (its patch embedding 4x: pixels need no gradient), attention over the real window lengths."""
+    from histeve_jax.models.qwen2_5_vl.rope import vision_window_index
+
+    t, v = cfg.model_config.text, cfg.model_config.vision
+    B, L = batch_size, seq_len
+    E, H, K, D, F = (
+        t.hidden_size,
+        t.num_attention_heads,
+        t.num_key_value_heads,
+        t.head_dim,
+        t.intermediate_size,
+    )
+    layer_params = E * H * D + 2 * E * K * D + H * D * E + 3 * E * F
+    n_img = B * cfg.num_frames
+    P = cfg.patches_per_image
+    N = n_img * P
+    Ev, Fv = v.hidden_size, v.intermediate_size
+    grid = ((1, cfg.image_size[0] // v.patch_size, cfg.image_size[1] // v.patch_size),)
+    _, cu = vision_window_index(grid, v.spatial_merge_size, v.window_size, v.patch_size)
+    window_sq = float(sum(int(b - a) ** 2 for a, b in zip(cu[:-1], cu[1:], strict=True)))  # one image
+    n_full = len(v.fullatt_block_indexes)
+    merged = N // v.spatial_merge_size**2
+    hid = Ev * v.spatial_merge_size**2
+    return {
+        "decoder_matmuls": 6.0 * t.num_hidden_layers * layer_params * B * L,
+        "decoder_attention": 12.0 * t.num_hidden_layers * B * L * L * H * D,
+        "lm_head": 6.0 * B * min(cfg.max_targets, L) * E * t.vocab_size,
+        "vision_patch_embed": 4.0 * N * v.patch_dim * Ev,
+        "vision_matmuls": 6.0 * v.depth * (4 * Ev * Ev + 3 * Ev * Fv) * N,
+        "vision_attention": 12.0 * Ev * n_img * ((v.depth - n_full) * window_sq + n_full * P * P),
+        "vision_merger": 6.0 * merged * (hid * hid + hid * v.out_hidden_size),
+    }
+
+
+def cost_analysis_is_per_device(mesh: Any) -> float:
+    """Compiled FLOPs of a batch-sharded matmul over those of the unsharded one: 1/n means per device."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = mesh.devices.size
+    a = jax.ShapeDtypeStruct((8 * n, 256), jnp.float32)
+    b = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    f = lambda x, y: x @ y
+    whole = jax.jit(f).lower(a, b).compile().cost_analysis()["flops"]
+    split = NamedSharding(mesh, P(mesh.axis_names))
+    rep = NamedSharding(mesh, P())
+    parted = jax.jit(f, in_shardings=(split, rep), out_shardings=split).lower(a, b).compile()
+    return parted.cost_analysis()["flops"] / whole
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB"
+
+
+def compile_step(config: Any, cfg: Any, mesh: Any) -> tuple[Any, Any, float, float]:
+    """(compiled step, abstract state, lower seconds, compile seconds) of the policy ``cfg`` on ``mesh``."""
+    import jax
+    from flax import nnx
+
+    from histeve_jax.models import vla
+    from histeve_jax.parallel import sharding
+    from histeve_jax.train import optimizer
+    from histeve_jax.train import state as state_lib
+    from histeve_jax.train import step as step_lib
+
+    train = config.train
+    rules = sharding.rules_for(config.sharding)
+    tx, schedule = optimizer.make_optimizer(train.optimizer)
+    t0 = time.time()
+    abstract, shardings = state_lib.abstract_train_state(
+        lambda: vla.VLAPolicy(cfg, rngs=nnx.Rngs(0)), tx, mesh, rules
+    )
+    missing = sharding.unannotated_params(abstract.params)
+    if missing:
+        raise ValueError(f"plan: parameters without logical axis names: {missing}")
+    batch = abstract_batch(cfg, int(train.data.batch_size), int(train.data.max_len))
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    train_step = step_lib.make_train_step(
+        vla.action_loss, tx, schedule=schedule, microbatches=config.microbatches
+    )
+    lowered = step_lib.jit_train_step(train_step, shardings, mesh, rules).lower(abstract, batch, key)
+    t1 = time.time()
+    compiled = lowered.compile()
+    return compiled, abstract, t1 - t0, time.time() - t1
+
+
+def layer_extrapolated_flops(config: Any, cfg: Any, mesh: Any) -> tuple[float, float]:
+    """(compiled FLOPs of the whole step, compile seconds): XLA's cost analysis counts a while loop's body
+    once, not once per trip, so the scanned program under-reports; the same step unrolled with 1 and 2
+    decoder layers gives the per-layer FLOPs, and the layers are identical, so the total is exact."""
+    n_layers = cfg.base.text.num_hidden_layers
+    flops, seconds = [], 0.0
+    for k in (1, 2):
+        base = cfg.base.replace(scan_layers=False, text={"num_hidden_layers": k})
+        compiled, _, lo, co = compile_step(config, dataclasses.replace(cfg, base=base), mesh)
+        flops.append(float(compiled.cost_analysis()["flops"]))
+        seconds += lo + co
+    return flops[0] + (n_layers - 1) * (flops[1] - flops[0]), seconds
+
+
+def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
+    """Compile the step described by ``config`` and return the figures it prints."""
+    import jax
+
+    # The CPU client reads this when it starts, i.e. at the first device query below.
+    if jax.config.jax_num_cpu_devices < config.num_devices:
+        jax.config.update("jax_num_cpu_devices", config.num_devices)
+    from histeve_jax.parallel import mesh as mesh_lib
+    from histeve_jax.parallel import sharding
+
+    devices = jax.devices()
+    if len(devices) < config.num_devices:
+        raise RuntimeError(f"plan: {len(devices)} devices, need {config.num_devices} (jax started too early)")
+    ici = mesh_lib.parse_mesh_flag(mesh_flag) if mesh_flag else dict(config.mesh.ici)
+    mesh = mesh_lib.make_mesh(ici, devices=devices[: config.num_devices])
+    train = config.train
+    cfg = vla_config(train)
+    B, L = int(train.data.batch_size), int(train.data.max_len)
+
+    compiled, abstract, lower_s, compile_s = compile_step(config, cfg, mesh)
+    scanned_flops = float(compiled.cost_analysis()["flops"])
+    if config.flops_from == "unrolled_layers" and cfg.base.scan_layers:
+        flops, flops_s = layer_extrapolated_flops(config, cfg, mesh)
+    else:
+        flops, flops_s = scanned_flops, 0.0
+
+    n = mesh.devices.size
+    shape = " ".join(f"{k}={v}" for k, v in mesh.shape.items())
+    params_b = sharding.bytes_per_device(abstract.params)
+    opt_b = sharding.bytes_per_device(abstract.opt_state)
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(abstract.params))
+    big = sharding.replicated_tensors(abstract, 1 << 20)
+    mem = compiled.memory_analysis()
+    hbm = (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
+    per_device = cost_analysis_is_per_device(mesh)
+    parts = analytic_flops(cfg, B, L)
+    analytic_total = sum(parts.values())
+    analytic = analytic_total / n if per_device < 0.5 else analytic_total
+    ratio = flops / analytic
+    frac = hbm / config.hbm_bytes
+    tokens = B * L
+
+    print(
+        f"mesh {shape} ({n} simulated devices), rules '{config.sharding}', remat '{cfg.base.remat}', "
+        f"compute {train.model.dtype}, params {train.model.param_dtype}, microbatches {config.microbatches}"
+    )
+    print(
+        f"batch {B} x {L} tokens ({cfg.num_frames} frames x {cfg.patches_per_image // 4} image tokens, "
+        f"{cfg.image_size[0]}x{cfg.image_size[1]} px); {n_params / 1e9:.3f}B parameters"
+    )
+    print(
+        f"lower {lower_s:.1f} s, compile {compile_s:.1f} s, FLOP-count compiles {flops_s:.1f} s, "
+        f"host peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB"
+    )
+    print(f"per device: parameters {_gb(params_b)}, optimizer state {_gb(opt_b)} (from shardings)")
+    print(
+        f"per device (memory_analysis): arguments {_gb(mem.argument_size_in_bytes)}, "
+        f"outputs {_gb(mem.output_size_in_bytes)}, aliased {_gb(mem.alias_size_in_bytes)}, "
+        f"temporaries {_gb(mem.temp_size_in_bytes)}, total {_gb(hbm)} = {frac:.3f} of v5p HBM "
+        f"(budget {config.hbm_budget})"
+    )
+    if big:
+        print(f"replicated tensors over 1 MiB: {big}")
+    print(
+        f"cost_analysis counts {'per device' if per_device < 0.5 else 'the whole program'} "
+        f"(probe: sharded/unsharded matmul FLOPs = {per_device:.4f}, 1/{n} = {1 / n:.4f}); "
+        f"a scanned loop body counts once: scanned program {scanned_flops:.4e}"
+    )
+    for k, v in parts.items():
+        print(f"  analytic {k:20s} {v:.4e}  ({100 * v / analytic_total:.1f}%)")
+    print(
+        f"FLOPs per device: compiled {flops:.4e} ({config.flops_from}), analytic {analytic:.4e} "
+        f"(6 N T + attention, {analytic_total / tokens:.4e} per token); ratio {ratio:.3f}"
+    )
+    step_s = flops / config.peak_flops
+    print(
+        f"at v5p bf16 peak: {step_s:.3f} s/step of compiled FLOPs, "
+        f"{tokens / max(step_s, 1e-12) / n:.0f} tokens/s/chip"
+    )
+    print(f"hbm_fraction_v5p={frac:.3f} flops_ratio={ratio:.3f}")
+    return {
+        "hbm_fraction_v5p": frac,
+        "flops_ratio": ratio,
+        "compiled_flops": flops,
+        "analytic_flops": analytic,
+        "params_bytes": params_b,
+        "opt_bytes": opt_b,
+        "temp_bytes": mem.temp_size_in_bytes,
+    }
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    plan(flags.FLAGS.config, _MESH.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
