@@ -31,7 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.hbm_budget = 0.6  # the step must fit in this fraction of one chip's HBM
     c.peak_flops = V5P_BF16_FLOPS
     c.flops_tolerance = 1.05  # compiled / analytic FLOPs without remat
-    # "unrolled_layers": count FLOPs on 1- and 2-layer unrolled copies of the step and extrapolate
-    # (cost analysis counts a scanned body once); "scanned": the main program's own (under-)count.
+    # "unrolled_layers": add the decoder layers a scanned body hides from cost analysis (it counts a loop
+    # body once), measured on 1- and 2-layer unrolled text-only copies; "scanned": the program's own count.
     c.flops_from = "unrolled_layers"
     return c
