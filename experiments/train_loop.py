@@ -38,7 +38,7 @@ from histeve_jax.train import state as state_lib
 from histeve_jax.train import step as step_lib
 from histeve_jax.train.checkpoint import Checkpointer
 
-# Batch keys the policy reads; the rest (image_grid_thw, target_group) stay on the host.
+# Batch keys the policy reads; the rest (image_grid_thw) stay on the host.
 DEVICE_KEYS = ("input_ids", "attention_mask", "targets", "loss_mask", "regime", "pixel_values")
 
 

@@ -34,8 +34,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from histeve_jax.actions.codebook import GROUP_NAMES
 from histeve_jax.data import records as R
+from histeve_jax.data.prompts import observation_messages
 
 BAD = "__bad__"  # key of an element that stands for a skipped sample; its value is the reason
 
@@ -229,13 +229,6 @@ class Batches:
 
 # --------------------------------------------------------------------------------------------- features
 
-# Per-position target groups, for per-group accuracy: the Dual-Mouse token kinds, <|im_end|> and answer text.
-TARGET_GROUPS: tuple[str, ...] = (
-    "type", "inventory", *GROUP_NAMES, "cam_pitch", "cam_yaw", "cur_dy", "cur_dx", "end", "im_end", "text",
-)
-NO_TARGET = -1
-
-
 @dataclasses.dataclass(frozen=True)
 class CompactVocab:
     """Token ids of a small test model (``qwen2_5_vl.tiny``: 320 rows, vision ids 300-303, actions after).
@@ -325,29 +318,10 @@ def load_tokenizer_with_actions(spec: FeatureSpec) -> tuple[Any, Any]:
     return tok, ActionVocab.from_tokenizer(tok, spec.codebook)
 
 
-def target_group_table(vocab: Any) -> dict[int, int]:
-    """Token id -> index into ``TARGET_GROUPS`` for every action token and <|im_end|>."""
-    from histeve_jax.data.tokenizer import IM_END_ID
-
-    sl = vocab.slots
-    out = {vocab.id_of(sl.type[0]): 0, vocab.id_of(sl.type[1]): 0, vocab.id_of(sl.inventory): 1,
-           vocab.id_of(sl.end): TARGET_GROUPS.index("end"), IM_END_ID: TARGET_GROUPS.index("im_end")}
-    for g, slots in enumerate(sl.groups):
-        for s in slots:
-            out[vocab.id_of(s)] = 2 + g
-    names = (("cam_pitch", "cam_yaw"), ("cur_dy", "cur_dx"))
-    for regime in range(2):
-        for axis in range(2):
-            for s in sl.mouse[regime][axis]:
-                if s >= 0:
-                    out[vocab.id_of(int(s))] = TARGET_GROUPS.index(names[regime][axis])
-    return out
-
-
 class Featurize(grain.transforms.Map):
     """Window -> fixed-shape arrays for the policy (see the module docstring). Bad input -> ``{BAD: reason}``.
 
-    Output per sample: ``input_ids``/``attention_mask``/``targets``/``loss_mask``/``target_group`` [L],
+    Output per sample: ``input_ids``/``attention_mask``/``targets``/``loss_mask`` [L],
     ``pixel_values`` [num_images * patches, 1176], ``image_grid_thw`` [num_images, 3], ``regime`` [].
     ``targets[t]`` is the token at ``t + 1`` and ``loss_mask[t]`` is 1 where it is a target (next-token
     convention, so a loss is a plain masked CE on ``logits[:, t]``).
@@ -366,7 +340,6 @@ class Featurize(grain.transforms.Map):
         tok, vocab = load_tokenizer_with_actions(self.spec)
         self._processor = QwenVLProcessor(tok, image_config=self.spec.image_config)
         self._vocab = vocab
-        self._groups = target_group_table(vocab)
         cv = self.spec.compact_vocab
         self._remap = None if cv is None else cv.table(len(vocab.ids))
 
@@ -390,21 +363,17 @@ class Featurize(grain.transforms.Map):
         h, w = spec.image_size
         frames = [R.decode_frame(f) for f in window["frames"][-spec.num_images:]]
         frames = [f if f.shape[:2] == (h, w) else resize_image(f, h, w) for f in frames]
-        content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
         if spec.kind == "demo":
             text = rec["instruction"]
             if spec.include_subtask and rec.get("subtask"):
                 text = f"{text}\n{rec['subtask']}"
-            content.append({"type": "text", "text": text})
             action_ids = self._vocab.encode(rec["action"], bool(rec["is_gui_open"]))
-            sample = self._processor.from_messages([{"role": "user", "content": content}],
-                                                   target_ids=action_ids)
+            sample = self._processor.from_messages(observation_messages(frames, text), target_ids=action_ids)
             regime = int(bool(rec["is_gui_open"]))
         else:
-            content.append({"type": "text", "text": rec["instruction"]})
-            sample = self._processor.from_messages([
-                {"role": "user", "content": content},
-                {"role": "assistant", "content": rec["response"]}])
+            messages = observation_messages(frames, rec["instruction"])
+            messages.append({"role": "assistant", "content": rec["response"]})
+            sample = self._processor.from_messages(messages)
             regime = 0
         ids, amask = sample["input_ids"], sample["assistant_mask"]
         n, L = len(ids), spec.max_len
@@ -418,14 +387,10 @@ class Featurize(grain.transforms.Map):
         targets[: n - 1] = ids[1:]
         loss_mask = np.zeros(L, np.float32)
         loss_mask[: n - 1] = amask[1:]
-        group = np.full(L, NO_TARGET, np.int32)
-        text_group = TARGET_GROUPS.index("text")
-        for t in np.flatnonzero(loss_mask):
-            group[t] = self._groups.get(int(targets[t]), text_group)
         if self._remap is not None:
             input_ids, targets = self._remap[input_ids], self._remap[targets]
         return {"input_ids": input_ids, "attention_mask": attention_mask, "targets": targets,
-                "loss_mask": loss_mask, "target_group": group,
+                "loss_mask": loss_mask,
                 "pixel_values": sample["pixel_values"].astype(np.float32),
                 "image_grid_thw": sample["image_grid_thw"].astype(np.int32),
                 "regime": np.asarray(regime, np.int32)}

@@ -74,6 +74,14 @@ def _is_video(item: Mapping[str, Any]) -> bool:
     return item.get("type") == "video" or "video" in item
 
 
+def observation_messages(frames: Sequence[Any], instruction: str) -> list[dict[str, Any]]:
+    """The policy's chat messages for one observation: one user turn, the frames (oldest first), then the
+    instruction. Training samples (``data.pipeline``) and acting (``models.vla``) both build prompts here."""
+    content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
+    content.append({"type": "text", "text": instruction})
+    return [{"role": "user", "content": content}]
+
+
 class QwenVLProcessor:
     """Tokenizer + image/video preprocessing for one sample, as ``Qwen2_5_VLProcessor`` builds it.
 

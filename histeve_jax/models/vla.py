@@ -23,7 +23,7 @@ length, F = history_frames + 1 images per sample, P = (H/14) * (W/14) patches pe
     image_grid_thw  int32   [B * F, 3] or [B, F, 3]: optional, checked when concrete; every image is
                                     (1, H/14, W/14), so the grid is static, taken from the config.
 
-Other keys (``target_group`` ...) are ignored: the loss reads token kinds from the vocabulary.
+Other keys are ignored: the loss reads token kinds from the vocabulary.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from flax import nnx
 from histeve_jax.actions import grammar as G
 from histeve_jax.actions.codebook import Regime, get_codebook, regime_of
 from histeve_jax.actions.tokens import TOKEN_GROUPS, ActionVocab, token_strings
+from histeve_jax.data.prompts import observation_messages
 from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, load_hf, resize_token_embeddings
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
@@ -311,16 +312,6 @@ def decode_actions(config: VLAConfig, tokens: np.ndarray) -> list[tuple[dict[str
     return out
 
 
-def prompt_messages(frames: Sequence[np.ndarray], instruction: str) -> list[dict[str, Any]]:
-    """The chat messages of one observation: the frames (oldest first), then the instruction.
-
-    The same layout as the training samples of ``data.pipeline.Featurize``: one user turn, images first.
-    """
-    content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
-    content.append({"type": "text", "text": instruction})
-    return [{"role": "user", "content": content}]
-
-
 def policy_processor(config: VLAConfig, tokenizer: Any) -> Any:
     """A ``data.prompts.QwenVLProcessor`` whose images are exactly ``config.image_size``."""
     from histeve_jax.data.image_processing import VisionPreprocessConfig
@@ -354,7 +345,7 @@ def observation_inputs(
             resize_image(as_rgb_uint8(f, f"observation {i} frame {j}"), h, w) for j, f in enumerate(frames)
         ]
         samples.append(
-            processor.from_messages(prompt_messages(frames, instruction), add_generation_prompt=True)
+            processor.from_messages(observation_messages(frames, instruction), add_generation_prompt=True)
         )
     batch = pad_batch(samples, side="left")
     ids = batch["input_ids"].astype(np.int32)
