@@ -272,3 +272,22 @@ def test_named_configs_have_the_published_parameter_counts(make):
         hf = Qwen2_5_VLForConditionalGeneration(HFConfig(**cfg.to_hf_dict()))
     assert ours == sum(p.numel() for p in hf.parameters())
     assert ours == {qwen2_5_vl_7b: 8_292_166_656, qwen2_5_vl_3b: 3_754_622_976}[make]
+
+
+def test_tied_embeddings_model_matches_transformers_and_round_trips(prompt, tmp_path):
+    from conftest import qwen_tiny_hf
+
+    from histeve_jax.models.qwen2_5_vl import tiny
+
+    cfg = tiny(tie_word_embeddings=True)
+    hf = qwen_tiny_hf(cfg, seed=1)
+    hf.save_pretrained(str(tmp_path / "src"))
+    model = load_hf(str(tmp_path / "src"))
+    assert not hasattr(model, "lm_head")
+    assert _rel(_our_logits(model, prompt), _hf_logits(cfg, hf, prompt)) < 1e-4
+    save_hf(model, str(tmp_path / "dst"))
+    src, dst = _read_dir(str(tmp_path / "src")), _read_dir(str(tmp_path / "dst"))
+    src.pop("lm_head.weight", None)
+    assert sorted(src) == sorted(dst)
+    for k in src:
+        np.testing.assert_array_equal(dst[k], src[k], err_msg=k)

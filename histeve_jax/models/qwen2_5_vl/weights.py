@@ -281,7 +281,11 @@ def load_hf(
                     continue
                 val = stacked.pop(m.path)
             sh = _sharding(var, mesh, rules)
-            var.set_value(jax.device_put(val, sh) if sh is not None else jnp.asarray(val))
+            if sh is None:
+                var.set_value(jnp.asarray(val))
+            else:
+                # Each process materializes only its addressable shards (multi-host safe).
+                var.set_value(jax.make_array_from_callback(val.shape, sh, lambda idx, val=val: val[idx]))
             done.add(m.path)
         left = sorted(set(flat) - done)
         if left:
