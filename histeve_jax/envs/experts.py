@@ -174,6 +174,18 @@ class Expert:
         yield _act(**{button: 1}), subtask
         yield noop_action(), subtask
 
+    def select(self, item: str, subtask: str):
+        """Press the hotbar key of the slot holding `item` (it must be in the hotbar)."""
+        slot = self.slot_of(item)
+        if slot is None or slot > 9:
+            raise RuntimeError(f"{item} is not in the hotbar (slot {slot})")
+        if self.info.get("held_slot") != slot:
+            yield _act(**{f"hotbar.{slot}": 1}), subtask
+            for _ in range(20):
+                if self.info.get("held_slot") == slot:
+                    break
+                yield noop_action(), subtask
+
     def slot_of(self, item: str) -> int | None:
         for i, s in enumerate(self.info["inventory_slots"], start=1):
             if s["type"] == item:
@@ -191,16 +203,18 @@ class MineExpert(Expert):
     """Walk to the nearest node of `names`, aim at its exposed face and dig until `goal` drops are held."""
 
     def __init__(self, task: Task, names: tuple[str, ...], drop: str, goal: int = 1, face: str = "side",
-                 tool_slot: int | None = None):
+                 tool_slot: int | None = None, tool: str | None = None):
         super().__init__(task)
         self.names, self.drop, self.goal, self.face, self.tool_slot = names, drop, goal, face, tool_slot
+        self.tool = tool
+        self.skip: set[tuple[int, int, int]] = set()  # targets whose digging did not finish (blocked)
 
     def target(self) -> tuple[int, int, int] | None:
         x, y, z = self.info["pos"]
         eye_y = y + EYE_HEIGHT
         best, best_d = None, 1e9
         for name, p in self.info.get("nearby", []):
-            if name not in self.names:
+            if name not in self.names or tuple(int(v) for v in p) in self.skip:
                 continue
             d = math.hypot(p[0] - x, p[2] - z)
             if self.face == "top" and d < 1.5:  # the node under the player's feet
@@ -225,6 +239,8 @@ class MineExpert(Expert):
         if self.tool_slot is not None:
             yield _act(**{f"hotbar.{self.tool_slot}": 1}), "select_tool"
             yield noop_action(), "select_tool"
+        if self.tool is not None:
+            yield from self.select(self.tool, "select_tool")
         while self.info["inventory"].get(self.drop, 0) < self.goal:
             node = self.target()
             if node is None:
@@ -236,11 +252,13 @@ class MineExpert(Expert):
             point = self.face_point(node)
             yield from self.turn_to(point, "aim")
             mined_before = sum(self.info["mine_block"].values())
-            for _ in range(200):
+            for _ in range(120):  # 3.5 s for a log by hand; a node the tool cannot dig never breaks
                 if sum(self.info["mine_block"].values()) > mined_before:
                     break
                 dyaw, dpitch = self.aim_error(point)
                 yield _act(attack=1, camera=[_clamp(dpitch, 2), _clamp(dyaw, 2)]), "dig"
+            else:
+                self.skip.add(node)  # something in front of it resisted: try another one
             yield noop_action(), "dig"
 
 
@@ -329,9 +347,10 @@ class CraftExpert(Expert):
 class SmeltExpert(Expert):
     """Right-click the furnace, put ore in its source slot and fuel in its fuel slot, take the result."""
 
-    def __init__(self, task: Task, furnace: tuple[int, int, int], ore: str, fuel: str, product: str):
+    def __init__(self, task: Task, furnace: tuple[int, int, int], ore: str, fuel: str, product: str,
+                 goal: int = 1):
         super().__init__(task)
-        self.furnace, self.ore, self.fuel, self.product = furnace, ore, fuel, product
+        self.furnace, self.ore, self.fuel, self.product, self.goal = furnace, ore, fuel, product, goal
 
     def move_stack(self, item: str, to_xy: tuple[int, int], subtask: str):
         slot = self.slot_of(item)
@@ -364,33 +383,37 @@ class SmeltExpert(Expert):
         yield from self.wait(2, "open_furnace")
         yield from self.move_stack(self.ore, FURNACE_SRC_XY, "load_ore")
         yield from self.move_stack(self.fuel, FURNACE_FUEL_XY, "load_fuel")
-        for _try in range(8):  # cooking takes a few seconds; taking too early picks up nothing
+        for _try in range(8 + 4 * self.goal):  # cooking takes seconds; taking too early picks up less
             yield from self.wait(30, "wait_smelting")
+            before = self.info["inventory"].get(self.product, 0)
             yield from self.cursor_to(FURNACE_DST_XY, "take_product")
             yield from self.click("attack", "take_product")
             yield from self.cursor_to(FURNACE_SLOT_XY[self.empty_slot()], "store_product")
             yield from self.click("attack", "store_product")
             for _ in range(20):
-                if self.info["inventory"].get(self.product, 0) >= 1:
+                if self.info["inventory"].get(self.product, 0) > before:
                     break
                 yield noop_action(), "store_product"
-            if self.info["inventory"].get(self.product, 0) >= 1:
+            if self.info["inventory"].get(self.product, 0) >= self.goal:
                 break
         yield from self.close_inventory()
 
 
 class PlaceExpert(Expert):
-    """Place the hotbar-1 block on the ground at each of `cells` (x, z) by right-clicking top faces."""
+    """Place `item` (from the hotbar) on the ground at each of `cells` (x, z) by right-clicking top faces."""
 
     def __init__(self, task: Task, item: str, cells: list[tuple[int, int]], ground_y: int = 8):
         super().__init__(task)
         self.item, self.cells, self.ground_y = item, cells, ground_y
 
     def plan(self):
-        yield _act(**{"hotbar.1": 1}), "select_block"
-        yield noop_action(), "select_block"
+        yield from self.select(self.item, "select_block")
+        yield from self.wait(1, "select_block")
         for cx, cz in self.cells:
             point = (cx, self.ground_y + 0.5, cz)
+            x, _, z = self.info["pos"]
+            if math.hypot(cx - x, cz - z) > REACH - 1.0:
+                yield from self.walk_to((cx, cz), 2.0, "approach")
             placed = self.info["place_block"].get(self.item, 0)
             for _ in range(3):
                 yield from self.turn_to(point, "aim")
@@ -418,6 +441,54 @@ class ExploreExpert(Expert):
         yield from self.wait(2, "arrived")
 
 
+class ChainExpert(Expert):
+    """Runs atomic experts one after another; the subtask is ``<stage>/<phase>`` (stage = the subgoal)."""
+
+    def __init__(self, task: Task, stages: list[tuple[str, Expert]]):
+        super().__init__(task)
+        self.stages = stages
+
+    def plan(self):
+        for name, ex in self.stages:
+            gen = ex.plan()
+            while True:
+                # the stage expert sees the chain's info and its dead-reckoned look
+                ex.info, ex.est_yaw, ex.est_pitch = self.info, self.est_yaw, self.est_pitch
+                try:
+                    action, phase = next(gen)
+                except StopIteration:
+                    break
+                yield action, f"{name}/{phase}"
+
+
+FURNACE_SPOT = (0, -2)  # where the steel-pickaxe expert places its furnace (x, z), on the arena floor
+
+
+def steel_pickaxe_expert(task: Task) -> ChainExpert:
+    """The long-horizon chain: logs, planks, sticks, wooden pickaxe, cobble, stone pickaxe, ore, furnace,
+    smelting, steel pickaxe (minetest_game recipes; one plank makes four sticks)."""
+    fx, fz = FURNACE_SPOT
+    stages = [
+        ("logs", MineExpert(task, ("default:tree",), "default:tree", goal=2)),
+        ("planks", CraftExpert(task, "default:wood", 8)),
+        ("sticks", CraftExpert(task, "default:stick", 8)),
+        ("wooden_pickaxe", CraftExpert(task, "default:pick_wood", 1)),
+        ("cobblestone", MineExpert(task, ("default:stone",), "default:cobble", goal=11,
+                                   tool="default:pick_wood")),
+        ("stone_pickaxe", CraftExpert(task, "default:pick_stone", 1)),
+        ("iron_and_coal", MineExpert(task, ("default:stone_with_iron",), "default:iron_lump", goal=3,
+                                     tool="default:pick_stone")),
+        ("iron_and_coal", MineExpert(task, ("default:stone_with_coal",), "default:coal_lump", goal=1,
+                                     tool="default:pick_stone")),
+        ("furnace", CraftExpert(task, "default:furnace", 1)),
+        ("place_furnace", PlaceExpert(task, "default:furnace", [FURNACE_SPOT])),
+        ("steel_ingots", SmeltExpert(task, (fx, 9, fz), "default:iron_lump", "default:coal_lump",
+                                     "default:steel_ingot", goal=3)),
+        ("steel_pickaxe", CraftExpert(task, "default:pick_steel", 1)),
+    ]
+    return ChainExpert(task, stages)
+
+
 def expert_for(task: Task) -> Expert:
     """The scripted expert for a shipped atomic task (KeyError for tasks without one)."""
     makers = {
@@ -433,6 +504,7 @@ def expert_for(task: Task) -> Expert:
         "place_dirt": lambda t: PlaceExpert(t, "default:dirt", [(0, 2)]),
         "build_wall": lambda t: PlaceExpert(t, "default:dirt", [(-1, 2), (0, 2), (1, 2)]),
         "find_gold": lambda t: ExploreExpert(t, "default:goldblock", 2.0),
+        "steel_pickaxe": steel_pickaxe_expert,
     }
     if task.name not in makers:
         raise KeyError(f"no scripted expert for task {task.name!r}; experts cover {sorted(makers)}")

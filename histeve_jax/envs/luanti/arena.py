@@ -73,7 +73,7 @@ def reset_ops(task: Task) -> list[dict[str, Any]]:
         {"op": "time", "value": float(init.get("time_of_day", 0.5))},
         {"op": "set_hp", "value": int(init.get("hp", 20))},
         {"op": "set_breath", "value": 11},
-        {"op": "watch", "names": list(WATCHED_NODES), "radius": r + 4},
+        {"op": "watch", "names": list(WATCHED_NODES), "radius": r + 4, "min_y": g},
         {"op": "reset_events"},
     ]
     return ops

@@ -7,6 +7,15 @@ GUI state: the server is not told when the client opens its inventory or a furna
 from the frame itself: the crosshair (white pixels in the centre) is drawn in play and hidden under every
 formspec. ``cursor`` is the X pointer position while a GUI is open (in play minetest re-centres the pointer
 every frame).
+
+Timing: within a step the keys and buttons change first, then the mouse moves; the frame is grabbed 50 ms
+after the previous one. The client applies input at its next rendered frame (fps_max 30) and the formspec
+reads the pointer once per frame, so in a GUI a click should follow a motion by a step or more. The
+privileged state lags the frame by about one server step (50 ms); under CPU load both lags grow.
+
+Determinism: the world is minetest_game on the flat mapgen at a fixed seed, the arena is rebuilt at every
+reset (see arena.py), time does not pass (time_speed 0, noon), clouds are off (minetest_game's weather only
+changes clouds), minetest_game has no mobs, and dropped items are cleared.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ local acked_cmd = -1         -- id of the last command list fully executed
 local pending = nil          -- {id=, ops=, i=, waiting=} while a command list runs
 local watch_names = {}
 local watch_radius = 8
+local watch_min_y = nil      -- nodes below this y are not reported (the arena's buried layers)
 local nearby = {}
 local errors = {}
 
@@ -250,6 +251,7 @@ ops.reset_events = function() reset_events() end
 ops.watch = function(_, op)
 	watch_names = op.names or {}
 	watch_radius = op.radius or 8
+	watch_min_y = op.min_y
 	nearby = {}
 end
 
@@ -310,8 +312,10 @@ end
 local function update_nearby(pos)
 	nearby = {}
 	local r = watch_radius
+	local lo = vector.subtract(pos, r)
+	if watch_min_y and lo.y < watch_min_y then lo.y = watch_min_y end
 	for _, name in ipairs(watch_names) do
-		local found = minetest.find_nodes_in_area(vector.subtract(pos, r), vector.add(pos, r), {name})
+		local found = minetest.find_nodes_in_area(lo, vector.add(pos, r), {name})
 		table.sort(found, function(a, b) return vector.distance(a, pos) < vector.distance(b, pos) end)
 		for i = 1, math.min(#found, 24) do
 			local p = found[i]
