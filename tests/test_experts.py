@@ -5,7 +5,7 @@ import pytest
 from histeve_jax.envs import base, load_task, make
 from histeve_jax.envs.experts import CRAFT_XY, EXPERT_TASKS, MAX_TURN, RECIPES, SLOT_XY, expert_for
 from histeve_jax.envs.luanti import minetest_available
-from histeve_jax.envs.tasks import list_tasks
+from histeve_jax.envs.tasks import list_tasks, task_from_dict
 
 needs_game = pytest.mark.skipif(not minetest_available(),
                                 reason="minetest or Xvfb not installed (apt-get install minetest xvfb)")
@@ -15,8 +15,14 @@ def test_every_expert_task_is_shipped_and_has_an_expert():
     assert set(EXPERT_TASKS) <= set(list_tasks())
     for name in EXPERT_TASKS:
         assert expert_for(load_task(name)).task.name == name
-    with pytest.raises(KeyError, match="steel_pickaxe"):
-        expert_for(load_task("steel_pickaxe"))
+    steel = load_task("steel_pickaxe")
+    stages = [name for name, _ in expert_for(steel).stages]
+    assert [n for n, _ in steel.subgoals] == [n for i, n in enumerate(stages) if n not in stages[:i]
+                                             and n != "place_furnace"]
+    odd = task_from_dict({"name": "dance", "category": "explore", "text": "dance", "max_steps": 5,
+                          "success": {"inventory": {"x": 1}}})
+    with pytest.raises(KeyError, match="no scripted expert for task 'dance'"):
+        expert_for(odd)
 
 
 def test_gui_geometry_is_a_grid():

@@ -4,8 +4,10 @@ Each expert is a small state machine: ``act(info) -> (action, subtask)``, where 
 the step belongs to (the recorder stores it, so subtask boundaries are where the name changes). Camera motion
 is limited to ``MAX_TURN`` degrees per step in both regimes, so every expert action lies in VPT's camera bins.
 
-GUI geometry (``SLOT_XY``, ``CRAFT_XY``, ``CRAFT_OUTPUT_XY``) is minetest_game's sfinv crafting page measured
-on the 640x360 render with gui_scaling 1 (the config LuantiProcess writes).
+GUI geometry (``SLOT_XY``, ``CRAFT_XY``, ``CRAFT_OUTPUT_XY``, ``FURNACE_*``) is minetest_game's sfinv
+crafting page and furnace formspec measured on the 640x360 render with gui_scaling 1 (the config
+LuantiProcess writes). The long-horizon ``steel_pickaxe`` expert chains the atomic ones; its subtask names
+are ``<stage>/<phase>`` with the stage named after the task's subgoal.
 """
 
 from __future__ import annotations
