@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from experiments import train_loop
+from experiments.config_cli import define_config
 
 _CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
-config_flags.DEFINE_config_file("config", os.path.join(_CONFIGS, "imitation.py:tiny"), "Stage config.",
-                                lock_config=True)
+define_config(os.path.join(_CONFIGS, "imitation.py:tiny"))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
 
 

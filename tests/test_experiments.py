@@ -132,3 +132,15 @@ def test_recorded_demos_split_holds_out_the_last_episode_of_each_task(tmp_path):
     held = {r.episode_id for p in R.shard_paths(tmp_path / "ev") for r in R.read_shard(p)}
     kept = {r.episode_id for p in R.shard_paths(tmp_path / "tr") for r in R.read_shard(p)}
     assert held == {"e3", "e4"} and kept == {"e0", "e1", "e2"}
+
+
+def test_unknown_config_key_on_the_command_line_names_it():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "experiments.imitation", "--config.data.no_such_key=1"],
+                         capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(imitation.__file__))))
+    assert out.returncode != 0
+    assert "config key 'no_such_key' does not exist" in out.stderr
+    assert "--config.data.no_such_key" in out.stderr and "Traceback" not in out.stderr

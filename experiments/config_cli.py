@@ -1,0 +1,24 @@
+"""The ``--config=<file>.py:<variant>`` flag of every entry point, with a clear error for unknown keys.
+
+ml_collections applies ``--config.a.b=value`` overrides while the flag is defined (at import), and a key
+that does not exist surfaces there as a bare ``AttributeError: "'b'"`` deep in a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from ml_collections import config_flags
+
+
+def define_config(default: str, help_text: str = "Config file and variant: path.py:variant.") -> None:
+    """Defines ``--config`` (locked); exits with a message naming the key if an override names none."""
+    try:
+        config_flags.DEFINE_config_file("config", default, help_text, lock_config=True)
+    except (AttributeError, KeyError) as e:
+        given = [a for a in sys.argv[1:] if a.startswith("--config.")]
+        key = re.sub(r"[\"']", "", str(e).split("\n")[0])
+        culprit = next((a.split("=")[0] for a in given if key and key in a), ", ".join(given))
+        config = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--config=")), default)
+        sys.exit(f"error: config key {key!r} does not exist in {config} (override {culprit})")
