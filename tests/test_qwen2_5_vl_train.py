@@ -52,16 +52,20 @@ def _loss_and_grads(model, ids, pv, grid):
     return nnx.value_and_grad(loss_fn)(model)
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "save_dots"])
-def test_grads_match_torch_backward(qwen_tiny_dir, batch, remat):
+@pytest.mark.parametrize(
+    ("remat", "scan"), [("none", True), ("full", True), ("save_dots", True), ("full", False)]
+)
+def test_grads_match_torch_backward(qwen_tiny_dir, batch, remat, scan):
     cfg, hf, d = qwen_tiny_dir
     ref_loss, ref = _torch_grads(cfg, hf, batch)
-    model = load_hf(d, config_overrides={"remat": remat})
+    model = load_hf(d, config_overrides={"remat": remat, "scan_layers": scan})
     ids, pv, grid = batch
     loss, g = _loss_and_grads(model, jnp.asarray(ids), jnp.asarray(pv), tuple(map(tuple, grid)))
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
     ours = {
-        "q0": g.language_model.layers.attn.q.get_value()[0],
+        "q0": g.language_model.layers.attn.q.get_value()[0]
+        if scan
+        else g.language_model.layers[0].attn.q.get_value(),
         "patch": g.visual.patch_embed.get_value(),
         "lm_head": g.lm_head.get_value(),
     }

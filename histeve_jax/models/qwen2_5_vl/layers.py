@@ -96,3 +96,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
     o = jnp.einsum("bkgts,bskd->btkgd", p, v)
     return o.reshape(B, T, H, D)
+
+
+def remat(fn, policy: str):
+    """`fn` under `jax.checkpoint` with the named policy ("none" returns it unchanged)."""
+    if policy == "none":
+        return fn
+    if policy == "full":
+        return jax.checkpoint(fn)
+    if policy == "save_dots":
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    raise ValueError(f"remat policy {policy!r}; expected 'none', 'full' or 'save_dots'")

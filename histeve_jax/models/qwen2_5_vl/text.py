@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl.config import Qwen2_5_VLConfig
-from histeve_jax.models.qwen2_5_vl.layers import GatedMLP, RMSNorm, attention, param, zeros_init
+from histeve_jax.models.qwen2_5_vl.layers import GatedMLP, RMSNorm, attention, param, remat, zeros_init
 from histeve_jax.models.qwen2_5_vl.rope import apply_rope
 from histeve_jax.parallel import axes
 
@@ -80,14 +80,6 @@ class DecoderLayer(nnx.Module):
         return axes.constrain(x, _ACT), kv
 
 
-def _remat(fn, policy: str):
-    if policy == "none":
-        return fn
-    if policy == "full":
-        return jax.checkpoint(fn)
-    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-
-
 class TextModel(nnx.Module):
     """Embedding, decoder layers and final norm (HF `Qwen2_5_VLTextModel`)."""
 
@@ -131,16 +123,14 @@ class TextModel(nnx.Module):
 
             def body(x, xs):
                 st, kv = xs
-                return _remat(lambda x, st, kv: run(nnx.merge(graphdef, st), x, kv), self.cfg.remat)(
-                    x, st, kv
-                )
+                return remat(lambda x, st, kv: run(nnx.merge(graphdef, st), x, kv), self.cfg.remat)(x, st, kv)
 
             x, cache = jax.lax.scan(body, x, (state, cache))
         else:
             new = []
             for i, layer in enumerate(self.layers):
                 kv = None if cache is None else (cache[0][i], cache[1][i])
-                x, kv = _remat(lambda x, kv, layer=layer: run(layer, x, kv), self.cfg.remat)(x, kv)
+                x, kv = remat(lambda x, kv, layer=layer: run(layer, x, kv), self.cfg.remat)(x, kv)
                 new.append(kv)
             if cache is not None:
                 cache = (jnp.stack([k for k, _ in new]), jnp.stack([v for _, v in new]))

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl.config import Qwen2_5_VLConfig
-from histeve_jax.models.qwen2_5_vl.layers import GatedMLP, RMSNorm, attention, param, zeros_init
+from histeve_jax.models.qwen2_5_vl.layers import GatedMLP, RMSNorm, attention, param, remat, zeros_init
 from histeve_jax.models.qwen2_5_vl.rope import (
     Grid,
     as_grid,
@@ -140,6 +140,7 @@ class VisionTower(nnx.Module):
         v = cfg.vision
         self.cfg_v = v
         self.dtype = cfg.dtype
+        self.remat = cfg.remat
         self.patch_embed = param(
             rngs, (v.patch_dim, v.hidden_size), (axes.PATCH, axes.EMBED), cfg.param_dtype
         )
@@ -180,5 +181,6 @@ class VisionTower(nnx.Module):
         cos, sin = vision_cos_sin(plan["pos"], self.cfg_v.head_dim, self.cfg_v.rope_theta)
         for i, blk in enumerate(self.blocks):
             tables = plan["full"] if i in self.cfg_v.fullatt_block_indexes else plan["window"]
-            x = blk(x, cos, sin, tables)
+            run = lambda x, blk=blk, tables=tables: blk(x, cos, sin, tables)
+            x = remat(run, self.remat)(x)
         return self.merger(x)[plan["reverse"]]

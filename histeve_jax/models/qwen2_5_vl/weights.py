@@ -270,8 +270,7 @@ def load_hf(
             want = _hf_shape(cfg, m, shape)
             if tuple(a.shape) != want:
                 raise ValueError(
-                    f"{os.path.join(path, fn)}: tensor {key!r} has shape {tuple(a.shape)}, "
-                    f"expected {want}"
+                    f"{os.path.join(path, fn)}: tensor {key!r} has shape {tuple(a.shape)}, expected {want}"
                 )
             val = _to_ours(m, a, shape).astype(var.dtype)
             if m.layer is not None:
