@@ -91,6 +91,10 @@ def test_one_image_logits_match_transformers(qwen_tiny_dir, qwen_tiny_flax):
     # The final hidden states (the completion detector reads them) match HF's last_hidden_state.
     ref_h = hf_logits(cfg, hf, ids, pv=pv, grid=grid, hidden=True)
     assert_close(our_logits(model, ids, pv=pv, grid=grid, hidden=True), ref_h)
+    # Precomputed image features (a policy sharing its image encoder) give the same logits.
+    feats = model.get_image_features(jnp.asarray(pv), grid)
+    via_embeds = np.asarray(model(jnp.asarray(ids), image_embeds=feats, image_grid_thw=grid))
+    assert_close(via_embeds, hf_logits(cfg, hf, ids, pv=pv, grid=grid))
 
 
 def test_two_images_of_different_sizes_match_transformers(qwen_tiny_dir, model):
