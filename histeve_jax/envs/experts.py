@@ -146,19 +146,24 @@ class Expert:
     # ---- GUI
 
     def open_inventory(self):
-        yield _act(inventory=1), "open_inventory"
-        for _ in range(60):  # under CPU load the client can take a second to draw the GUI
-            if self.info["is_gui_open"]:
-                return
-            yield noop_action(), "open_inventory"
+        # A press that reaches the client in the same frame as the previous close can be swallowed by the
+        # closing formspec, so press again if no GUI shows up within a second.
+        for _press in range(3):
+            yield _act(inventory=1), "open_inventory"
+            for _ in range(20):
+                if self.info["is_gui_open"]:
+                    return
+                yield noop_action(), "open_inventory"
         raise RuntimeError("the inventory did not open")
 
     def close_inventory(self):
-        yield _act(inventory=1), "close_inventory"
-        for _ in range(60):
-            if not self.info["is_gui_open"]:
-                return
-            yield noop_action(), "close_inventory"
+        for _press in range(3):
+            yield _act(inventory=1), "close_inventory"
+            for _ in range(20):
+                if not self.info["is_gui_open"]:
+                    yield from self.wait(3, "close_inventory")  # let the client settle before the next key
+                    return
+                yield noop_action(), "close_inventory"
 
     def cursor_to(self, xy: tuple[int, int], subtask: str, max_steps: int = 40):
         for _ in range(max_steps):
