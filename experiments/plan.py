@@ -209,9 +209,11 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     # XLA's cost analysis counts a while loop's body once, not once per trip: the scanned decoder is
     # counted as one layer, so the other L - 1 layers are added from unrolled 1- and 2-layer compiles.
     # (Their optimizer update, ~1e-5 of a layer's FLOPs, is counted twice; it does not show in 3 digits.)
+    # Gradient accumulation is a loop too: its body (one microbatch) is counted once as well.
     if config.flops_from == "unrolled_layers" and cfg.base.scan_layers:
         layer_flops, flops_s = decoder_layer_flops(config, cfg, mesh)
         flops = scanned_flops + (cfg.base.text.num_hidden_layers - 1) * layer_flops
+        flops *= config.microbatches
     else:
         flops, flops_s = scanned_flops, 0.0
 
