@@ -66,20 +66,25 @@ def test_bad_names_raise_naming_the_tensor():
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
-def test_every_parameter_of_the_tiny_model_has_logical_names(scan_layers):
-    cfg = tiny(norm_regimes=2, scan_layers=scan_layers)
-    abstract = nnx.eval_shape(lambda: Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)))
+def test_every_parameter_of_the_tiny_policy_has_logical_names(scan_layers):
+    from histeve_jax.models import vla
+
+    config = vla.tiny_config(base=tiny(scan_layers=scan_layers))
+    abstract = nnx.eval_shape(lambda: vla.VLAPolicy(config, rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
     assert sharding.unannotated_params(params) == []
-    # RS-Norm: a [2, d] scale per decoder pre-norm, named (regime, norm), with `layers` in front when scanned.
     flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(params)}
-    norm = flat[
-        "language_model/layers/input_norm/scale"
-        if scan_layers
-        else "language_model/layers/0/input_norm/scale"
-    ]
+    # RS-Norm: a [2, d] scale per decoder pre-norm, named (regime, norm), with `layers` in front when scanned.
+    layer = "model/language_model/layers" + ("" if scan_layers else "/0")
     want = ((axes.LAYERS,) if scan_layers else ()) + (axes.REGIME, axes.NORM)
-    assert sharding.logical_names(norm) == want
+    for norm in ("input_norm", "post_attn_norm"):
+        assert sharding.logical_names(flat[f"{layer}/{norm}/scale"]) == want
+    # The action tokens' rows live in the (vocab, embed) tables, so they shard with them.
+    embed = flat["model/language_model/embed"]
+    assert embed.get_value().shape[0] == config.vocab_size > config.base.text.vocab_size
+    assert sharding.logical_names(embed) == (axes.VOCAB, axes.EMBED)
+    assert sharding.logical_names(flat["model/lm_head"]) == (axes.EMBED, axes.VOCAB)
+    assert any(k.startswith("model/visual/blocks/") for k in flat)
 
 
 def test_unannotated_parameter_is_reported():
