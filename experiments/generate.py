@@ -9,6 +9,7 @@ Prints the prompt length, the generated token ids, (with a real checkpoint) thei
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -34,7 +35,10 @@ def main(argv: list[str] | None = None) -> None:
         model = load_hf(a.model_dir, dtype=jnp.dtype(a.dtype))
         from histeve_jax.data.tokenizer import load_qwen_tokenizer
 
-        tokenizer = load_qwen_tokenizer(a.model_dir)
+        if os.path.exists(os.path.join(a.model_dir, "tokenizer.json")):
+            tokenizer = load_qwen_tokenizer(a.model_dir)
+        elif model.config.text.vocab_size >= 151665:  # a real vocabulary: the packaged Qwen tokenizer fits
+            tokenizer = load_qwen_tokenizer()
     else:
         model = Qwen2_5_VLModel(tiny(), rngs=nnx.Rngs(0))
     cfg = model.config
