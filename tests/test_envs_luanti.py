@@ -174,6 +174,15 @@ def test_killing_the_game_raises_and_the_next_reset_recovers(env):
     assert env.starts == starts + 1 and env.pids()[0] != game_pid
     _, _, _, _, info = env.step(_act(forward=1))
     assert info["pos"][1] == pytest.approx(8.5, abs=0.05)
+    # the display going away is a crash too
+    game_pid, xvfb_pid = env.pids()
+    os.kill(xvfb_pid, signal.SIGKILL)
+    with pytest.raises(GameCrashed):
+        for _ in range(40):
+            env.step(noop_action())
+    assert not _exists(game_pid) and not _exists(xvfb_pid)
+    env.reset(options={"task": "mine_log"})
+    assert env.starts == starts + 2
 
 
 def test_a_hung_game_raises_gamehung(env):

@@ -32,6 +32,7 @@ import mss
 import numpy as np
 from gymnasium import spaces
 from PIL import Image
+from Xlib.error import ConnectionClosedError, XError
 
 from histeve_jax.actions.codebook import BUTTONS, CAMERA
 from histeve_jax.envs.base import (
@@ -48,6 +49,9 @@ from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, Lu
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
 from histeve_jax.envs.tasks import Task, load_task
+
+# What a vanished X server or world directory raises from Xlib, mss or the file system.
+_LOST = (OSError, ConnectionError, ConnectionClosedError, XError)
 
 # Per-event pointer motion limits in play: the pointer sits at the centre (320, 180) and the X server clamps
 # it to the screen, so larger motions are split across frames.
@@ -337,7 +341,7 @@ class LuantiEnv(gym.Env):
                 raise GameCrashed(f"the game did not start: {e}") from e
         try:
             return self._reset_in_game()
-        except (OSError, ConnectionError) as e:  # the X connection or the world dir vanished
+        except _LOST as e:  # the X connection or the world dir vanished
             raise self._fail(GameCrashed(f"the game went away during reset: {e}")) from e
 
     def _reset_in_game(self):
@@ -404,12 +408,12 @@ class LuantiEnv(gym.Env):
                     time.sleep(wait)
             self._last_t = max(self._last_t + STEP_SECONDS, time.monotonic() - STEP_SECONDS)
             self._grab()
-        except (OSError, ConnectionError) as e:
+            state = self._read_state()
+            self._steps += 1
+            info = self._info(state)
+        except _LOST as e:
             self._check()
             raise self._fail(GameCrashed(f"lost the game's display: {e}")) from e
-        state = self._read_state()
-        self._steps += 1
-        info = self._info(state)
         reward = 0.0
         if info["success"] and not self._succeeded:
             self._succeeded = True
