@@ -81,3 +81,41 @@ def test_load_hf_places_tensors_by_logical_names(qwen_tiny_dir):
     assert isinstance(q.sharding, jax.sharding.NamedSharding)
     assert q.sharding.spec == axes.logical_to_spec((axes.LAYERS, axes.EMBED, axes.Q_HEADS, axes.HEAD_DIM))
     assert model.lm_head.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+
+
+_SHARDED_SCRIPT = r"""
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from histeve_jax.models.qwen2_5_vl import load_hf
+from histeve_jax.parallel import axes
+d = sys.argv[1]
+mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(1, 2, 1), ("data", "fsdp", "tensor"))
+ids = jnp.asarray(np.random.default_rng(0).integers(0, 290, (2, 12)))
+fwd = nnx.jit(lambda m, ids: m(ids))
+ref = np.asarray(fwd(load_hf(d), ids))
+model = load_hf(d, mesh=mesh)
+emb = model.language_model.embed.get_value()
+assert len(emb.sharding.device_set) == 2 and emb.addressable_shards[0].data.shape == (320, 32), emb.sharding
+with axes.activate(mesh):
+    out = np.asarray(fwd(model, ids))
+err = np.abs(out - ref).max() / np.abs(ref).max()
+assert err < 1e-5, err
+print("SHARDED_OK", err)
+"""
+
+
+def test_fsdp_sharded_load_gives_the_same_logits(qwen_tiny_dir):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    r = subprocess.run(
+        [sys.executable, "-c", _SHARDED_SCRIPT, qwen_tiny_dir[2]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "SHARDED_OK" in r.stdout, r.stderr[-3000:]
