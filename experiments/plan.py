@@ -188,7 +188,7 @@ def compile_step(config: Any, cfg: Any, mesh: Any, *, images: bool = True) -> tu
         del batch["pixel_values"]
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
     train_step = step_lib.make_train_step(
-        vla.action_loss, tx, schedule=schedule, microbatches=config.microbatches
+        vla.action_loss, tx, schedule=schedule, microbatches=config.train.microbatches
     )
     lowered = step_lib.jit_train_step(train_step, shardings, mesh, rules).lower(abstract, batch, key)
     t1 = time.time()
@@ -236,7 +236,7 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     if config.flops_from == "unrolled_layers" and cfg.base.scan_layers:
         layer_flops, flops_s = decoder_layer_flops(config, cfg, mesh)
         flops = scanned_flops + (cfg.base.text.num_hidden_layers - 1) * layer_flops
-        flops *= config.microbatches
+        flops *= config.train.microbatches
     else:
         flops, flops_s = scanned_flops, 0.0
 
@@ -263,7 +263,7 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
 
     print(
         f"mesh {shape} ({n} simulated devices), rules '{config.sharding}', remat '{cfg.base.remat}', "
-        f"compute {train.model.dtype}, params {train.model.param_dtype}, microbatches {config.microbatches}"
+        f"compute {train.model.dtype}, params {train.model.param_dtype}, microbatches {train.microbatches}"
     )
     print(
         f"batch {B} x {L} tokens ({cfg.num_frames} frames x {cfg.patches_per_image // 4} image tokens, "

@@ -358,8 +358,8 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
             raise ValueError(f"{workdir}: checkpoint step {int(state.step)} has no data iterator state")
         train_it.set_state(data_state)
 
-    train_step = step_lib.jit_train_step(step_lib.make_train_step(_loss_fn, tx, schedule=schedule), shardings,
-                                         mesh, rules)
+    step_fn = step_lib.make_train_step(_loss_fn, tx, schedule=schedule, microbatches=config.microbatches)
+    train_step = step_lib.jit_train_step(step_fn, shardings, mesh, rules)
     batch_sharding = step_lib.batch_sharding(mesh, rules)
 
     def eval_fn(state: state_lib.TrainState, batch: Any) -> dict[str, jax.Array]:

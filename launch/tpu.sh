@@ -4,7 +4,7 @@
 #
 #   launch/tpu.sh create                     # the slice named $TPU_NAME, if it does not exist yet
 #   launch/tpu.sh install                    # copy this checkout to every worker, pip install it (+ libtpu)
-#   launch/tpu.sh start imitation experiments/configs/imitation.py:qwen7b --workdir=gs://b/run1 [--config.x=y ...]
+#   launch/tpu.sh start imitation experiments/configs/imitation.py:qwen7b --workdir=/mnt/gcs/run1 [--config.x=y ...]
 #   launch/tpu.sh watch [run]                # follow worker 0's log (WORKERS=all: last lines of every worker)
 #   launch/tpu.sh stop [run]                 # stop the run on every worker
 #   launch/tpu.sh status | ssh [cmd] | delete
@@ -65,7 +65,7 @@ cmd_install() {
 }
 
 cmd_start() {
-  [ $# -ge 2 ] || { echo "usage: tpu.sh start <stage> <config> [--workdir=gs://...] [--config.k=v ...]" >&2; exit 2; }
+  [ $# -ge 2 ] || { echo "usage: tpu.sh start <stage> <config> [--workdir=/shared/path] [--config.k=v ...]" >&2; exit 2; }
   stage="$1"; config="$2"; shift 2
   run="${RUN:-$stage}"
   extra=("$@")
@@ -73,8 +73,9 @@ cmd_start() {
   if [ "$(n_workers)" -gt 1 ]; then
     extra+=(--config.distributed=on)
     case " ${extra[*]} " in
-      *" --workdir=gs://"*) ;;
-      *) echo "tpu.sh: warning: a multi-host run needs a --workdir every worker shares (gs://...)" >&2 ;;
+      *" --workdir=gs://"*) echo "tpu.sh: --workdir must be a mounted path (gcsfuse or NFS), not gs://" >&2; exit 2 ;;
+      *" --workdir="*) ;;
+      *) echo "tpu.sh: warning: a multi-host run needs a --workdir that every worker mounts" >&2 ;;
     esac
   fi
   args="$(printf ' %q' "${extra[@]}")"

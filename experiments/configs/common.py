@@ -35,6 +35,7 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.stop_at_step = -1  # >0: leave the loop after this step without a final save (a simulated kill)
     c.progress_bar = True
     c.distributed = "auto"  # jax.distributed on a pod, nothing on one host
+    c.microbatches = 1  # gradient accumulation: the global batch is split into this many passes
 
     c.data = ml_collections.ConfigDict()
     # Comma-separated record shard directories (a string: ml_collections cannot override lists from flags).

@@ -20,13 +20,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.variant = variant
     c.train = imitation.get_config(variant)
-    # The schedule's length does not change the compiled step; it must only be valid (imitation's qwen7b
-    # variant inherits 200 steps, fewer than its 500 warm-up steps).
-    c.train.num_train_steps = max(int(c.train.num_train_steps), int(c.train.optimizer.warmup_steps) + 1)
     c.num_devices = 64 if variant == "qwen7b" else 8  # simulated CPU devices = chips of the target slice
     c.mesh = ml_collections.ConfigDict({"ici": {"data": 1, "fsdp": -1, "tensor": 1}})
     c.sharding = "fsdp"
-    c.microbatches = 1
     c.hbm_bytes = V5P_HBM_BYTES
     c.hbm_budget = 0.6  # the step must fit in this fraction of one chip's HBM
     c.peak_flops = V5P_BF16_FLOPS
