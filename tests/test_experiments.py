@@ -144,3 +144,14 @@ def test_unknown_config_key_on_the_command_line_names_it():
     assert out.returncode != 0
     assert "config key 'no_such_key' does not exist" in out.stderr
     assert "--config.data.no_such_key" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("stage", [imitation, world_knowledge])
+@pytest.mark.parametrize("variant", ["tiny", "qwen7b"])
+def test_every_variant_builds_its_optimizer_and_splits_its_batch(stage, variant):
+    from histeve_jax.train import optimizer as optimizer_lib
+
+    c = stage.get_config(variant)
+    optimizer_lib.make_optimizer(c.optimizer)  # raises on an invalid schedule (e.g. fewer steps than warm-up)
+    assert c.optimizer.warmup_steps < c.num_train_steps
+    assert c.data.batch_size % c.microbatches == 0
