@@ -40,12 +40,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from histeve_jax.actions.codebook import BUTTONS
+
 KINDS = ("demo", "rl", "detector", "world_knowledge")
 FRAME_FORMATS = ("jpeg", "png")
-BINARY_KEYS = (
-    "attack", "back", "forward", "jump", "left", "right", "sneak", "sprint", "use", "drop", "inventory",
-    *(f"hotbar.{i}" for i in range(1, 10)),
-)
+BINARY_KEYS = BUTTONS  # the env format's binary keys, defined once in actions.codebook
 SHARD_SUFFIX = ".array_record"
 
 
