@@ -28,12 +28,11 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+
+from experiments.config_cli import define_config  # noqa: E402
 
 _CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
-config_flags.DEFINE_config_file(
-    "config", os.path.join(_CONFIGS, "plan.py:qwen7b"), "Plan config.", lock_config=True
-)
+define_config(os.path.join(_CONFIGS, "plan.py:qwen7b"), "Plan config.")
 _MESH = flags.DEFINE_string(
     "mesh", "", "ICI mesh sizes, e.g. 'data=2,fsdp=-1' or '1,64,1' (default: config)."
 )

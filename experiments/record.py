@@ -17,16 +17,15 @@ import uuid
 
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 from tqdm import tqdm
 
+from experiments.config_cli import define_config
 from histeve_jax.data.records import ShardWriter, StepRecord, encode_frame
 from histeve_jax.envs import load_task, make, noop_action
 from histeve_jax.envs.experts import expert_for
 
 _CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
-config_flags.DEFINE_config_file("config", os.path.join(_CONFIGS, "record.py"), "Recorder config.",
-                                lock_config=True)
+define_config(os.path.join(_CONFIGS, "record.py"), "Recorder config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (records/, summary.json, config.json).")
 
 

@@ -19,7 +19,7 @@ pytestmark = [
 
 def test_record_writes_episodes_with_regime_cursor_events_and_subtasks(tmp_path):
     cfg = get_config("tiny")
-    cfg.tasks = ["craft_planks", "place_dirt"]
+    cfg.tasks = ("craft_planks", "place_dirt")
     cfg.episodes = 1
     cfg.obs_size = (32, 48)
     cfg.progress_bar = False

@@ -1,7 +1,7 @@
 """Recording scripted-expert demonstrations (and detector labels) from a game backend.
 
     python -m experiments.record --config=experiments/configs/record.py --workdir=/tmp/demos \\
-        --config.tasks="['mine_log','craft_planks']" --config.episodes=20 --config.obs_size="(128, 128)"
+        --config.tasks="('mine_log','craft_planks')" --config.episodes=20 --config.obs_size="(128, 128)"
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """Fields: backend, tasks, episodes (per task), obs size, frame format, output dir, env knobs."""
     c = ml_collections.ConfigDict()
     c.backend = "luanti"
-    c.tasks = list(EXPERT_TASKS)
+    c.tasks = tuple(EXPERT_TASKS)  # on the command line: --config.tasks="('mine_log','craft_planks')"
     c.episodes = 10  # per task
     c.seed = 0  # episode i of a task resets with seed + i
     c.randomize_init = True  # start pose drawn from the seed (+-0.25 blocks, +-15 degrees of yaw)
@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.env.fps_max = 30
     c.env.viewing_range = 40
     if arg == "tiny":  # a smoke run: two tasks, two short episodes each, small frames
-        c.tasks = ["craft_planks", "place_dirt"]
+        c.tasks = ("craft_planks", "place_dirt")
         c.episodes = 2
         c.obs_size = (64, 64)
     elif arg:
