@@ -69,6 +69,7 @@ def test_appending_writer_keeps_earlier_shards(tmp_path):
     (lambda d: d.update(kind="movie"), "kind"),
     (lambda d: d.update(extra=1), "extra"),
     (lambda d: d.update(step=-1), "step"),
+    (lambda d: d.update(action={**d["action"], "camera": 1.0}), "action"),
 ])
 def test_bad_records_name_the_field(mutate, field):
     d = _episode("e", 1)[0].__dict__.copy()
@@ -89,3 +90,13 @@ def test_write_episode_rejects_out_of_order_steps(tmp_path):
     ep[1], ep[2] = ep[2], ep[1]
     with pytest.raises(R.RecordError, match="steps"):
         R.write_episodes(tmp_path, [ep])
+
+
+def test_appending_after_a_gap_never_replaces_a_closed_shard(tmp_path):
+    R.write_episodes(tmp_path, [_episode("a", 2)], records_per_shard=2)
+    R.write_episodes(tmp_path, [_episode("b", 3)], records_per_shard=2)
+    os.remove(tmp_path / "data-00000.array_record")  # a gap: one shard left, at index 1
+    R.write_episodes(tmp_path, [_episode("c", 1)])
+    names = [os.path.basename(p) for p in R.shard_paths(tmp_path)]
+    assert names == ["data-00001.array_record", "data-00002.array_record"]
+    assert [[r.episode_id for r in R.read_shard(p)][0] for p in R.shard_paths(tmp_path)] == ["b", "c"]

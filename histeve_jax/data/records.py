@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -121,7 +122,7 @@ def _check(rec: Mapping[str, Any]) -> None:
     if not isinstance(rec["frame"], bytes | bytearray):
         raise RecordError("field 'frame' must be bytes")
     action = rec["action"]
-    if not isinstance(action, Mapping) or "camera" not in action or len(action["camera"]) != 2:
+    if not isinstance(action, Mapping) or "camera" not in action or np.size(action["camera"]) != 2:
         raise RecordError("field 'action' must be an env-format dict with camera = [dpitch, dyaw]")
 
 
@@ -166,9 +167,11 @@ class ShardWriter:
         self.prefix = prefix
         self.records_per_shard = records_per_shard
         os.makedirs(self.directory, exist_ok=True)
-        existing = [f for f in os.listdir(self.directory)
-                    if f.startswith(prefix + "-") and f.endswith(SHARD_SUFFIX)]
-        self._next_index = len(existing)  # appending to a directory keeps earlier shards untouched
+        # Appending continues after the highest existing index (not the count: a gap left by a deleted
+        # shard must not make the next shard replace a closed one).
+        pat = re.compile(rf"^{re.escape(prefix)}-(\d+){re.escape(SHARD_SUFFIX)}$")
+        indices = [int(m.group(1)) for f in os.listdir(self.directory) if (m := pat.match(f))]
+        self._next_index = max(indices) + 1 if indices else 0
         self._writer = None
         self._tmp_path = ""
         self._count = 0
