@@ -203,10 +203,16 @@ def test_world_knowledge_all_three_shapes(tmp_path):
         {"image": "imgs/broken.jpg", "caption": "x"},
         {"image": "imgs/1.png"},
     ]
+    malformed = [  # wrong types are skipped and counted, not a crash of the whole file
+        {"image": "imgs/1.png", "caption": 3},
+        {"image": "imgs/1.png", "conversations": ["hi", "there"]},
+        {"image": "imgs/1.png", "conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]},
+        {"image": 7, "caption": "x"},
+    ]
     path = tmp_path / "mc_vqa.jsonl"
-    path.write_text("\n".join(json.dumps(s) for s in samples) + "\nnot json\n")
+    path.write_text("\n".join(json.dumps(s) for s in samples + malformed) + "\nnot json\n")
     stats = world_knowledge.convert_file(path, tmp_path / "out")
-    assert stats.records == 4 and sum(stats.skipped.values()) == 4
+    assert stats.records == 4 and sum(stats.skipped.values()) == 4 + len(malformed)
     recs = [r for p in stats.shards for r in R.read_shard(p)]
     assert [(r.instruction, r.response) for r in recs] == [
         ("What block is this?", "Oak log."), ("What does it drop?", "Itself."), ("Is it night?", "No."),
@@ -218,3 +224,6 @@ def test_world_knowledge_all_three_shapes(tmp_path):
     # a .json list works the same way
     (tmp_path / "list.json").write_text(json.dumps(samples[1:3]))
     assert world_knowledge.convert_file(tmp_path / "list.json", tmp_path / "out2").records == 2
+    (tmp_path / "bad.json").write_text("[{")
+    with pytest.raises(R.RecordError, match="bad.json: not valid JSON"):
+        world_knowledge.convert_file(tmp_path / "bad.json", tmp_path / "out3")

@@ -35,7 +35,10 @@ def _samples(path: str) -> Iterator[tuple[int, Any]]:
                     except json.JSONDecodeError:
                         yield i + 1, None
         else:
-            data = json.load(f)
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise R.RecordError(f"{path}: not valid JSON: {e}") from e
             if not isinstance(data, list):
                 raise R.RecordError(f"{path}: a .json world-knowledge file must hold a list of samples")
             yield from enumerate(data, 1)
@@ -45,23 +48,32 @@ def _strip_image_tag(text: str) -> str:
     return text.replace("<image>", "").strip()
 
 
+def _text(v: Any, key: str) -> str:
+    if not isinstance(v, str):
+        raise R.RecordError(f"'{key}' must be a string, got {type(v).__name__}")
+    return v
+
+
 def qa_pairs(sample: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The (question, answer) pairs of one sample in any accepted shape; raises RecordError naming the key."""
     if "conversations" in sample:
         turns = sample["conversations"]
+        if not isinstance(turns, list) or not all(isinstance(t, Mapping) for t in turns):
+            raise R.RecordError("'conversations' must be a list of {from, value} objects")
         pairs = []
         for q, a in zip(turns[0::2], turns[1::2], strict=False):
             if q.get("from") not in _HUMAN or a.get("from") not in _GPT:
                 raise R.RecordError(f"conversation turns must alternate human/gpt, got {q.get('from')!r}, "
                                     f"{a.get('from')!r}")
-            pairs.append((_strip_image_tag(q["value"]), a["value"].strip()))
+            pairs.append((_strip_image_tag(_text(q.get("value"), "conversations.value")),
+                          _text(a.get("value"), "conversations.value").strip()))
         if not pairs:
             raise R.RecordError("'conversations' has no human/gpt pair")
         return pairs
     if "question" in sample and "answer" in sample:
-        return [(_strip_image_tag(sample["question"]), str(sample["answer"]).strip())]
+        return [(_strip_image_tag(_text(sample["question"], "question")), str(sample["answer"]).strip())]
     if "caption" in sample:
-        return [(CAPTION_PROMPT, sample["caption"].strip())]
+        return [(CAPTION_PROMPT, _text(sample["caption"], "caption").strip())]
     raise R.RecordError(f"sample has none of 'conversations', 'question'/'answer', 'caption' (keys: "
                         f"{sorted(sample)})")
 
@@ -91,8 +103,8 @@ def convert_file(path: str | os.PathLike, output_dir: str | os.PathLike, *, task
                 stats.skip("line is not a JSON object")
                 continue
             try:
-                if "image" not in sample:
-                    raise R.RecordError("sample lacks 'image'")
+                if not isinstance(sample.get("image"), str):
+                    raise R.RecordError("sample lacks 'image' (a path string)")
                 pairs = qa_pairs(sample)
                 image_path = os.path.join(base, sample["image"])
                 if not os.path.exists(image_path):
