@@ -105,13 +105,13 @@ def test_vpt_skips_broken_segments_and_counts_them(tmp_path):
     assert any("mouse" in k for k in stats.skipped)
 
 
-def _write_minestudio_lmdb(root, episodes, chunk_size=4):
+def _write_minestudio_lmdb(root, episodes, chunk_size=4, part="part-1"):
     """Write the layout MineStudio's tools/convertion.py produces: <modality>/part-1 LMDB environments."""
     import lmdb
 
     for modality in ("image", "action", "meta_info"):
-        (root / modality / "part-1").mkdir(parents=True)
-        env = lmdb.open(str(root / modality / "part-1"), map_size=1 << 26)
+        (root / modality / part).mkdir(parents=True)
+        env = lmdb.open(str(root / modality / part), map_size=1 << 26)
         infos = []
         with env.begin(write=True) as txn:
             for idx, (name, frames, actions, metas) in enumerate(episodes):
@@ -166,6 +166,19 @@ def test_minestudio_lmdb_round_trip(tmp_path):
             assert abs(float(R.decode_frame(r.frame).mean()) - (20 + 20 * t)) < 3  # right frame, in order
             assert r.metadata["yaw"] == 0.5 * t
         assert got[-1].done and not got[0].done
+
+
+def test_minestudio_lmdb_parts_with_different_chunk_sizes(tmp_path):
+    eps_a, eps_b = [_minestudio_episode("ep_a", 8, 0)], [_minestudio_episode("ep_b", 6, 1)]
+    _write_minestudio_lmdb(tmp_path / "ds", eps_a, chunk_size=4, part="part-1")
+    _write_minestudio_lmdb(tmp_path / "ds", eps_b, chunk_size=3, part="part-2")
+    stats = minestudio_lmdb.convert_dataset(tmp_path / "ds", tmp_path / "out")
+    assert (stats.episodes, stats.records) == (2, 14) and not stats.skipped
+    recs = [r for p in stats.shards for r in R.read_shard(p)]
+    for name, frames, actions, _ in eps_a + eps_b:
+        got = [r for r in recs if r.episode_id == name]
+        assert [r.step for r in got] == list(range(len(frames)))
+        np.testing.assert_allclose([r.action["camera"] for r in got], actions["camera"], rtol=1e-6)
 
 
 def test_minestudio_lmdb_skips_episode_with_missing_action_key(tmp_path):

@@ -37,25 +37,31 @@ class _Modality:
         import lmdb
 
         self.envs: list[Any] = []
-        self.episodes: dict[str, tuple[Any, int, int]] = {}  # name -> (env, episode_idx, num_frames)
-        self.chunk_size = None
-        for d in dirs:
-            for part in sorted(os.listdir(d)):
-                env = lmdb.open(os.path.join(d, part), readonly=True, lock=False, max_readers=128)
-                self.envs.append(env)
-                with env.begin() as txn:
-                    raw = {k: txn.get(k.encode()) for k in ("__chunk_size__", "__chunk_infos__")}
-                    missing = [k for k, v in raw.items() if v is None]
-                    if missing:
-                        raise R.RecordError(f"{os.path.join(d, part)}: LMDB lacks key(s) {missing}")
-                    self.chunk_size = pickle.loads(raw["__chunk_size__"])
-                    for info in pickle.loads(raw["__chunk_infos__"]):
-                        self.episodes[info["episode"]] = (env, info["episode_idx"], info["num_frames"])
+        # name -> (env, episode_idx, num_frames, chunk_size): the chunk size is each environment's own
+        # (MineStudio keeps only the last one read, which mis-reads parts written with another size).
+        self.episodes: dict[str, tuple[Any, int, int, int]] = {}
+        try:
+            for d in dirs:
+                for part in sorted(os.listdir(d)):
+                    env = lmdb.open(os.path.join(d, part), readonly=True, lock=False, max_readers=128)
+                    self.envs.append(env)
+                    with env.begin() as txn:
+                        raw = {k: txn.get(k.encode()) for k in ("__chunk_size__", "__chunk_infos__")}
+                        missing = [k for k, v in raw.items() if v is None]
+                        if missing:
+                            raise R.RecordError(f"{os.path.join(d, part)}: LMDB lacks key(s) {missing}")
+                        chunk_size = pickle.loads(raw["__chunk_size__"])
+                        for info in pickle.loads(raw["__chunk_infos__"]):
+                            self.episodes[info["episode"]] = (env, info["episode_idx"], info["num_frames"],
+                                                              chunk_size)
+        except BaseException:
+            self.close()  # the environments opened before the failure
+            raise
 
     def chunks(self, episode: str) -> Iterator[bytes]:
-        env, idx, n = self.episodes[episode]
+        env, idx, n, chunk_size = self.episodes[episode]
         with env.begin() as txn:
-            for start in range(0, n, self.chunk_size):
+            for start in range(0, n, chunk_size):
                 val = txn.get(str((idx, start)).encode())
                 if val is None:
                     raise R.RecordError(f"episode {episode}: chunk key {(idx, start)} missing")
@@ -129,7 +135,15 @@ def convert_dataset(dataset_dir: str | os.PathLike, output_dir: str | os.PathLik
                     prefix: str = "minestudio", max_episodes: int | None = None) -> ConversionStats:
     """Convert every episode that all three modalities hold; a broken episode is skipped and counted."""
     dirs = _modality_dirs(os.fspath(dataset_dir))
-    image, action, meta = (_Modality(dirs[m]) for m in ("image", "action", "meta_info"))
+    opened: list[_Modality] = []
+    try:
+        for m in ("image", "action", "meta_info"):
+            opened.append(_Modality(dirs[m]))
+    except BaseException:
+        for m in opened:  # a later modality failed to open: close the earlier ones
+            m.close()
+        raise
+    image, action, meta = opened
     stats = ConversionStats()
     try:
         names = sorted(set(image.episodes) & set(action.episodes) & set(meta.episodes))
