@@ -138,12 +138,17 @@ def test_minestudio_task_yaml_becomes_init_commands():
         minestudio_task_from_dict({"custom_init_commands": ["give @s dirt"], "text": "x"}, "t")
     with pytest.raises(TaskError, match="text"):
         minestudio_task_from_dict({"custom_init_commands": []}, "t")
+    with pytest.raises(TaskError, match="blocks"):
+        minestudio_task_from_dict({"text": "x", "blocks": "dirt"}, "t")
+    assert minestudio_task_from_dict({"text": "x", "blocks": ["dirt"]}, "t").blocks == ("dirt",)
 
 
 def test_env_over_a_sim_with_minecraftsim_shapes():
     task = MineStudioTask(name="t", text="chop", commands=("/give @s minecraft:oak_log 1",),
                           success={"inventory": {"oak_log": ">=5"}}, max_steps=3)
     env = make("minestudio", obs_size=(48, 64), task=task, sim_factory=FakeSim)
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step(noop_action())
     obs, info = env.reset()
     sim = FakeSim.made[-1]
     assert sim.obs_size == (64, 48)  # cv2 order

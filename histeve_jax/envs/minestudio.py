@@ -33,7 +33,14 @@ import yaml
 from gymnasium import spaces
 
 from histeve_jax.actions.codebook import BUTTONS, CAMERA
-from histeve_jax.envs.base import EVENT_KEYS, PIXELS_PER_DEGREE, RENDER_SIZE, validate_action
+from histeve_jax.envs.base import (
+    EVENT_KEYS,
+    PIXELS_PER_DEGREE,
+    RENDER_SIZE,
+    inventory_counts,
+    validate_action,
+    wrap_degrees,
+)
 from histeve_jax.envs.tasks import TaskError, evaluate_check, validate_check
 
 ENGINE_JAR = ("engine", "build", "libs", "mcprec-6.13.jar")
@@ -112,8 +119,12 @@ def minestudio_task_from_dict(d: Any, name: str, source: str = "<dict>") -> Mine
     max_steps = d.get("max_steps", 600)
     if not isinstance(max_steps, int) or max_steps < 1:
         raise TaskError(f"{source}.max_steps: must be a positive int")
+    blocks = d.get("blocks") or []
+    # a bare string would otherwise become a tuple of its characters
+    if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+        raise TaskError(f"{source}.blocks: must be a list of item names, got {blocks!r}")
     return MineStudioTask(name=name, text=" ".join(d["text"].split()), commands=tuple(commands),
-                          success=success, max_steps=max_steps, blocks=tuple(d.get("blocks", ())))
+                          success=success, max_steps=max_steps, blocks=tuple(blocks))
 
 
 def minestudio_task_dirs() -> list[Path]:
@@ -201,10 +212,6 @@ def info_from_sim(raw: Mapping[str, Any], *, cursor: tuple[int, int] | None, hel
                   blocks: tuple[str, ...] = ()) -> dict[str, Any]:
     """MinecraftSim's info dict -> our info schema (base.py), without the task keys."""
     slots = _slots(raw.get("inventory") or {})
-    inventory: dict[str, int] = {}
-    for s in slots:
-        if s["type"] != "air":
-            inventory[s["type"]] = inventory.get(s["type"], 0) + s["quantity"]
     pp = raw.get("player_pos")
     if pp is None:
         ls = raw.get("location_stats") or {}
@@ -218,14 +225,14 @@ def info_from_sim(raw: Mapping[str, Any], *, cursor: tuple[int, int] | None, hel
     gui = bool(raw.get("is_gui_open", raw.get("isGuiOpen", False)))
     yaw = float(np.asarray(pp["yaw"]).item())
     return {
-        "inventory": inventory,
+        "inventory": inventory_counts(slots),
         "hotbar": slots[:9],
         "inventory_slots": slots,
         "held_slot": held_slot,
         "is_gui_open": gui,
         "cursor": cursor if gui else None,
         "pos": tuple(float(np.asarray(pp[c]).item()) for c in ("x", "y", "z")),
-        "yaw": (yaw + 180.0) % 360.0 - 180.0,
+        "yaw": wrap_degrees(yaw),
         "pitch": float(np.asarray(pp["pitch"]).item()),
         "health": float(np.asarray(raw.get("health", 20.0)).item()),
         **{k: events[k] for k in EVENT_KEYS},
@@ -344,6 +351,8 @@ class MineStudioEnv(gym.Env):
         return self._wrap(obs, raw)
 
     def step(self, action: Mapping[str, Any]):
+        if self.sim is None:
+            raise RuntimeError("MineStudioEnv.step() before reset()")
         keys = set(self.sim.action_space.spaces.keys())
         sim_action = to_sim_action(action, keys)
         for i in range(1, 10):
