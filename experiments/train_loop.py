@@ -316,17 +316,29 @@ def _load_data_state(workdir: str, step: int, fallback: Any) -> Any:
 
 
 class _Preempted:
-    """SIGTERM (a preempted TPU VM, a cluster scheduler) asks the loop to save and stop at the next step."""
+    """SIGTERM (a preempted VM, a cluster scheduler) asks a single-process run to save and stop at the next
+    step. Multi-process runs install no handler: jax.distributed's preemption notifier owns SIGTERM there
+    (a Python handler would replace it), and ``Checkpointer.reached_preemption`` makes all hosts stop at
+    the same step, where a host-local flag would send one host into a save the others never join."""
 
     def __init__(self) -> None:
         self.flag = False
+        self._previous: Any = None
+        if jax.process_count() > 1:
+            return
         try:
-            signal.signal(signal.SIGTERM, self._handle)
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
         except ValueError:  # not the main thread (tests): no handler, nothing to stop
             pass
 
     def _handle(self, *_: Any) -> None:
         self.flag = True
+
+    def restore(self) -> None:
+        """Put back the handler that was there before (the loop returns; SIGTERM should kill again)."""
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]]:
@@ -412,9 +424,10 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
                     _save_data_state(workdir, step, data_state, config.keep_checkpoints)
                 ckpt.save(step, state, data_iter_state=data_state, config=config, force=preempted.flag)
             if preempted.flag:
-                logging.info("SIGTERM: saved step %d, stopping", step)
+                logging.info("preempted: saved step %d, stopping", step)
                 break
     finally:
+        preempted.restore()
         if bar is not None:
             bar.close()
         ckpt.close()

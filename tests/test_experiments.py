@@ -155,3 +155,15 @@ def test_every_variant_builds_its_optimizer_and_splits_its_batch(stage, variant)
     optimizer_lib.make_optimizer(c.optimizer)  # raises on an invalid schedule (e.g. fewer steps than warm-up)
     assert c.optimizer.warmup_steps < c.num_train_steps
     assert c.data.batch_size % c.microbatches == 0
+
+
+def test_sigterm_sets_the_preemption_flag_and_the_old_handler_comes_back():
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    preempted = train_loop._Preempted()
+    assert signal.getsignal(signal.SIGTERM) != before and not preempted.flag
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert preempted.flag
+    preempted.restore()
+    assert signal.getsignal(signal.SIGTERM) == before
