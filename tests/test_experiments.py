@@ -102,6 +102,11 @@ def test_config_overrides_and_unknown_keys():
     c = _parse(["--config.num_train_steps=50", "--config.data.image_size=(112,84)"], path + ":tiny")
     assert c.num_train_steps == 50 and c.optimizer.total_steps == 50  # the schedule follows
     assert tuple(c.data.image_size) == (112, 84)
+    # the multi-slice layout launch/README.md describes is settable from the command line
+    m = _parse(["--config.mesh.dcn.data=2"], path + ":tiny").mesh
+    assert dict(m.dcn) == {"data": 2, "fsdp": 1, "tensor": 1}
+    with pytest.raises(ValueError, match="mesh.dcn"):
+        train_loop.mesh_lib.mesh_from_config(m, jax.devices()[:1])  # 1 device cannot form 2 slices
     with pytest.raises(Exception, match="no_such_key"):
         _parse(["--config.data.no_such_key=1"], path + ":tiny")
     q = _parse([], path + ":qwen7b")
