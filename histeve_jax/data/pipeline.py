@@ -439,19 +439,3 @@ def make_batches(directories: str | Sequence[str], spec: FeatureSpec, options: L
                    min_samples_for_check=options.min_samples_for_check, bad_shards=shards.bad,
                    total_shards=total_shards)
 
-
-def spec_from_config(cfg: Any) -> FeatureSpec:
-    """A FeatureSpec from a ``config.data`` ConfigDict (keys it does not name are ignored)."""
-    names = {f.name for f in dataclasses.fields(FeatureSpec)}
-    kw = {k: (tuple(v) if k == "image_size" else v) for k, v in dict(cfg).items() if k in names}
-    if kw.get("compact_vocab") is not None and not isinstance(kw["compact_vocab"], CompactVocab):
-        kw["compact_vocab"] = CompactVocab(**dict(kw["compact_vocab"]))
-    return FeatureSpec(**kw)
-
-
-def options_from_config(cfg: Any, **overrides: Any) -> LoaderOptions:
-    """LoaderOptions from a ``config.data`` ConfigDict."""
-    names = {f.name for f in dataclasses.fields(LoaderOptions)}
-    kw = {k: v for k, v in dict(cfg).items() if k in names}
-    kw.update(overrides)
-    return LoaderOptions(**kw)
