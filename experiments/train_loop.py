@@ -308,10 +308,16 @@ def _save_data_state(workdir: str, step: int, state: Any, keep: int) -> None:
 
 
 def _load_data_state(workdir: str, step: int, fallback: Any) -> Any:
+    """This host's iterator state of ``step``; one host alone uses the checkpoint's (``fallback``)."""
     path = _data_state_path(workdir, step)
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
+    if jax.process_count() > 1:
+        # The checkpoint's copy is process 0's position and counters: another host resuming from it would
+        # not continue its own shard exactly (grain's state does not record the shard, so it would not say).
+        raise FileNotFoundError(f"{path}: no data iterator state of this host for checkpoint step {step} "
+                                "(is the workdir shared by every host?)")
     return fallback
 
 

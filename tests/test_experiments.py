@@ -172,3 +172,12 @@ def test_sigterm_sets_the_preemption_flag_and_the_old_handler_comes_back():
     assert preempted.flag
     preempted.restore()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_host_without_its_own_data_state_is_an_error_not_host_0s_position(tmp_path, monkeypatch):
+    assert train_loop._load_data_state(str(tmp_path), 8, {"from": "checkpoint"}) == {"from": "checkpoint"}
+    monkeypatch.setattr(train_loop.jax, "process_count", lambda: 2)
+    with pytest.raises(FileNotFoundError, match="process_0.json"):
+        train_loop._load_data_state(str(tmp_path), 8, {"from": "checkpoint"})
+    train_loop._save_data_state(str(tmp_path), 8, {"from": "host"}, keep=3)
+    assert train_loop._load_data_state(str(tmp_path), 8, None) == {"from": "host"}
