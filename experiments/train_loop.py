@@ -161,9 +161,11 @@ def make_iterator(dirs: list[str], config: Any, cfg: vla.VLAConfig, *, train: bo
     if rem:
         raise ValueError(f"data.batch_size={d.batch_size} is not divisible by {jax.process_count()} hosts")
     opts = P.LoaderOptions(
-        # eval: one pass in a fixed shuffled order, so the first eval_batches batches span the whole split
+        # eval: one pass in a fixed shuffled order, so the first eval_batches batches span the whole split.
+        # Several hosts repeat it instead: each skips its own bad samples, and a host whose pass ran out a
+        # batch early would leave the others waiting in the collective eval step.
         batch_size=per_host, seed=d.seed, shuffle=d.shuffle if train else True,
-        num_epochs=None if train else 1,
+        num_epochs=None if train or jax.process_count() > 1 else 1,
         worker_count=d.worker_count, worker_buffer_size=d.worker_buffer_size, read_threads=d.read_threads,
         max_bad_fraction=d.max_bad_fraction, min_samples_for_check=d.min_samples_for_check,
         shard_index=jax.process_index(), shard_count=jax.process_count())

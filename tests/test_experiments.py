@@ -181,3 +181,15 @@ def test_a_host_without_its_own_data_state_is_an_error_not_host_0s_position(tmp_
         train_loop._load_data_state(str(tmp_path), 8, {"from": "checkpoint"})
     train_loop._save_data_state(str(tmp_path), 8, {"from": "host"}, keep=3)
     assert train_loop._load_data_state(str(tmp_path), 8, None) == {"from": "host"}
+
+
+def test_eval_on_several_hosts_never_runs_out_before_eval_batches(demo_dirs, monkeypatch):
+    import itertools
+
+    c = _config(demo_dirs)
+    cfg = train_loop.vla_config(c)
+    one_pass = sum(1 for _ in train_loop.make_iterator(demo_dirs[1], c, cfg, train=False))
+    assert one_pass == 24 // 4  # 2 episodes x 12 steps, batches of 4
+    monkeypatch.setattr(train_loop.jax, "process_count", lambda: 2)
+    it = train_loop.make_iterator(demo_dirs[1], c, cfg, train=False)  # this host: 12 records, batches of 2
+    assert len(list(itertools.islice(it, 10))) == 10  # more than its one pass of 6
