@@ -124,17 +124,23 @@ def split_by_task(source: str, train: str, evald: str) -> tuple[int, int]:
 def data_dirs(config: Any, workdir: str) -> tuple[list[str], list[str]]:
     """(train, eval) shard directories: the configured ones, or data recorded from the game / generated."""
     train, evald = _dir_list(config.data.train_dirs), _dir_list(config.data.eval_dirs)
-    if not train and config.data.generate == "record":
+    if train:
+        return train, evald
+    got = None
+    if config.data.generate == "record":
         got = _recorded_dirs(config, workdir)
-        if got is not None:
-            return got[0], evald or got[1]
-        logging.warning("data: the Luanti game (minetest, Xvfb) is not installed; using synthetic data")
-    if not train:
-        gen_train, gen_eval = _synthetic_dirs(config, workdir)
-        train, evald = gen_train, (evald or gen_eval)
+        if got is None:
+            logging.warning("data: the Luanti game (minetest, Xvfb) is not installed; using synthetic data")
+    if got is None:
+        got = _synthetic_dirs(config, workdir)
         logging.info("data: no data.train_dirs given; using synthetic data under %s",
-                     os.path.dirname(train[0]))
-    return train, evald
+                     os.path.dirname(got[0][0]))
+    if jax.process_count() > 1:
+        # Process 0 writes the data; the other hosts must not open the shards before they are complete.
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("histeve data_dirs")
+    return got[0], evald or got[1]
 
 
 def feature_spec(config: Any, cfg: vla.VLAConfig) -> P.FeatureSpec:

@@ -193,3 +193,16 @@ def test_eval_on_several_hosts_never_runs_out_before_eval_batches(demo_dirs, mon
     monkeypatch.setattr(train_loop.jax, "process_count", lambda: 2)
     it = train_loop.make_iterator(demo_dirs[1], c, cfg, train=False)  # this host: 12 records, batches of 2
     assert len(list(itertools.islice(it, 10))) == 10  # more than its one pass of 6
+
+
+def test_without_train_dirs_the_run_generates_its_data_once(tmp_path):
+    from histeve_jax.data import records as R
+
+    c = imitation.get_config("tiny")
+    c.data.generate = "synthetic"
+    c.synthetic.train_size, c.synthetic.eval_size, c.synthetic.length = 2, 1, 4
+    train, evald = train_loop.data_dirs(c, str(tmp_path))
+    assert train == [str(tmp_path / "data" / "train")] and evald == [str(tmp_path / "data" / "eval")]
+    assert sum(1 for p in R.shard_paths(train[0]) for _ in R.read_shard(p)) == 2 * 4
+    c.data.eval_dirs = "/given/eval"
+    assert train_loop.data_dirs(c, str(tmp_path)) == (train, ["/given/eval"])
