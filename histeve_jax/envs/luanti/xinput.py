@@ -23,9 +23,6 @@ KEYSYMS = {
     **{f"hotbar.{i}": str(i) for i in range(1, 10)},
 }
 BUTTONS = {"attack": 1, "use": 3}
-# Motions larger than this are split across frames: minetest re-centres the pointer every frame and the
-# X server clamps it to the screen, so one huge jump would be cut short at the edge.
-MAX_MOTION_PX = 150
 
 
 class XInput:
@@ -38,7 +35,6 @@ class XInput:
             raise RuntimeError(f"X display {display_name} has no XTEST extension")
         self.root = self.d.screen().root
         self.keycodes = {k: self.d.keysym_to_keycode(XK.string_to_keysym(s)) for k, s in KEYSYMS.items()}
-        self.escape = self.d.keysym_to_keycode(XK.string_to_keysym("Escape"))
         self.f2 = self.d.keysym_to_keycode(XK.string_to_keysym("F2"))
         for k, code in self.keycodes.items():
             if not code:
@@ -83,13 +79,6 @@ class XInput:
     def button(self, name: str, down: bool) -> None:
         xtest.fake_input(self.d, X.ButtonPress if down else X.ButtonRelease, BUTTONS[name])
 
-    def tap_escape(self) -> None:
-        xtest.fake_input(self.d, X.KeyPress, self.escape)
-        self.d.sync()
-        time.sleep(0.03)
-        xtest.fake_input(self.d, X.KeyRelease, self.escape)
-        self.d.sync()
-
     def tap_f2(self) -> None:
         xtest.fake_input(self.d, X.KeyPress, self.f2)
         self.d.sync()
@@ -101,10 +90,6 @@ class XInput:
         """Relative pointer motion in pixels (one event; callers split large motions across frames)."""
         if dx or dy:
             xtest.fake_input(self.d, X.MotionNotify, detail=True, x=int(dx), y=int(dy))
-
-    def warp(self, x: int, y: int) -> None:
-        """Absolute pointer position on the screen."""
-        xtest.fake_input(self.d, X.MotionNotify, detail=False, x=int(x), y=int(y))
 
     def pointer(self) -> tuple[int, int]:
         """Pointer position in screen pixels."""
