@@ -207,3 +207,34 @@ def test_close_leaves_no_processes_or_zombies():
     e.close()
     assert not any(_exists(p) for p in pids), "processes or zombies left after close()"
     assert not root.exists()
+
+
+def test_a_failed_start_stops_the_instance_and_the_next_reset_starts_afresh(monkeypatch):
+    from Xlib.error import DisplayConnectionError
+
+    import histeve_jax.envs.luanti.env as env_mod
+
+    started = []
+
+    class Recorded(env_mod.LuantiProcess):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            started.append(self)
+
+    def no_display(name):
+        raise DisplayConnectionError(name, "refused")
+
+    real_xinput = env_mod.XInput
+    monkeypatch.setattr(env_mod, "LuantiProcess", Recorded)
+    monkeypatch.setattr(env_mod, "XInput", no_display)
+    e = make("luanti", obs_size=(36, 64))
+    try:
+        with pytest.raises(GameCrashed, match="did not start"):
+            e.reset(options={"task": "place_dirt"})
+        assert e.proc is None and len(started) == 1
+        assert not started[0].root.exists() and not started[0].pids()
+        monkeypatch.setattr(env_mod, "XInput", real_xinput)
+        _, info = e.reset(options={"task": "place_dirt"})
+        assert e.starts == 2 and info["pos"][1] == pytest.approx(8.5, abs=0.05)
+    finally:
+        e.close()

@@ -31,8 +31,9 @@ import gymnasium as gym
 import mss
 import numpy as np
 from gymnasium import spaces
+from mss.exception import ScreenShotError
 from PIL import Image
-from Xlib.error import ConnectionClosedError, XError
+from Xlib.error import ConnectionClosedError, DisplayError, XError
 
 from histeve_jax.actions.codebook import BUTTONS, CAMERA
 from histeve_jax.envs.base import (
@@ -50,8 +51,9 @@ from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
 from histeve_jax.envs.tasks import Task, load_task
 
-# What a vanished X server or world directory raises from Xlib, mss or the file system.
-_LOST = (OSError, ConnectionError, ConnectionClosedError, XError)
+# What a vanished X server or world directory raises from Xlib, mss or the file system (TimeoutError, from a
+# window that never appears, is an OSError).
+_LOST = (OSError, ConnectionError, ConnectionClosedError, XError, DisplayError, ScreenShotError)
 
 # Per-event pointer motion limits in play: the pointer sits at the centre (320, 180) and the X server clamps
 # it to the screen, so larger motions are split across frames.
@@ -336,7 +338,8 @@ class LuantiEnv(gym.Env):
             except GameError:
                 self._shutdown()
                 raise
-            except (OSError, TimeoutError) as e:  # no window, no X connection: treat as a failed start
+            except _LOST as e:  # no window, no X connection: a failed start (else the half-started
+                # instance would stay in self.proc and the next reset would use its missing X connection)
                 self._shutdown()
                 raise GameCrashed(f"the game did not start: {e}") from e
         try:
