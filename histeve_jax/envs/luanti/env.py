@@ -223,7 +223,9 @@ class LuantiEnv(gym.Env):
                     raise RuntimeError(f"mod command {self._cmd_id} failed: {errors}")
                 return state
             if time.monotonic() > deadline:
-                raise self._fail(GameHung(f"mod command {self._cmd_id} not done within {timeout_s:.0f} s"))
+                # a command file the mod could not parse is never acked; its reason is in `errors`
+                raise self._fail(GameHung(f"mod command {self._cmd_id} not done within {timeout_s:.0f} s "
+                                          f"(mod errors: {state.get('errors') or 'none'})"))
             time.sleep(0.01)
 
     # ---------------------------------------------------------------- input
