@@ -22,6 +22,7 @@ from tqdm import tqdm
 from experiments.config_cli import define_config
 from histeve_jax.data.records import ShardWriter, StepRecord, encode_frame
 from histeve_jax.envs import load_task, make, noop_action
+from histeve_jax.envs.base import EVENT_KEYS
 from histeve_jax.envs.experts import expert_for
 
 _CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
@@ -41,7 +42,7 @@ def _record(task, episode_id: str, step: int, obs, info, action, subtask: str, r
         frame=encode_frame(obs["image"], cfg.frame_format, cfg.jpeg_quality), frame_format=cfg.frame_format,
         action=_jsonable_action(action), is_gui_open=bool(info["is_gui_open"]),
         cursor=None if info["cursor"] is None else [float(v) for v in info["cursor"]], subtask=subtask,
-        events={k: dict(info[k]) for k in ("mine_block", "craft_item", "pickup", "place_block", "use_item")},
+        events={k: dict(info[k]) for k in EVENT_KEYS},
         reward=float(reward), done=done, completed=int(task.is_success(info)),
         metadata={"backend": cfg.backend, "seed": seed, "pos": [float(v) for v in info["pos"]],
                   "yaw": float(info["yaw"]), "pitch": float(info["pitch"]),

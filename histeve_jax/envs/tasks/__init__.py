@@ -7,7 +7,7 @@ A task file holds::
     text: chop a tree and collect a log
     max_steps: 600                 # step budget (20 steps per second)
     init:                          # the initial state every reset restores (all optional)
-      pos: [0.5, 9.0, 0.5]         # feet position; the arena's grass top is y = 8
+      pos: [0.0, 8.5, 0.0]         # feet position; the arena's grass nodes are at y = 8, feet stand at 8.5
       yaw: 0.0                     # degrees, base.py's conventions
       pitch: 0.0
       time_of_day: 0.5             # 0.5 = noon; time does not advance
