@@ -90,6 +90,16 @@ def test_vpt_actions_follow_vpt_data_loader(tmp_path):
     assert np.abs(gui_frame[50:, 80:].astype(int) - plain[50:, 80:]).max() <= 2  # nothing else changed
 
 
+def test_vpt_resize_is_width_by_height_and_scales_the_cursor(tmp_path):
+    src = tmp_path / "vpt"
+    src.mkdir()
+    _write_vpt_segment(src, "seg", [_line(keys=["e"], gui=True, x=300, y=200)])  # cursor at (30, 20)
+    stats = vpt.convert_directory(src, tmp_path / "out", resize=(64, 36), frame_format="png")
+    (rec,) = list(R.read_shard(stats.shards[0]))
+    assert R.decode_frame(rec.frame).shape == (36, 64, 3)
+    assert rec.cursor == [15.0, 10.0]
+
+
 def test_vpt_skips_broken_segments_and_counts_them(tmp_path):
     src = tmp_path / "vpt"
     src.mkdir()

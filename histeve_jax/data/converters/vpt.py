@@ -128,7 +128,10 @@ def segment_paths(input_dir: str | os.PathLike) -> list[tuple[str, str, str]]:
 def convert_segment(name: str, mp4_path: str, jsonl_path: str, *, instruction: str, task_id: str,
                     frame_format: str = "jpeg", resize: Sequence[int] | None = None,
                     stats: ConversionStats | None = None) -> list[R.StepRecord]:
-    """One contractor segment -> the records of one episode (null actions dropped). Raises RecordError."""
+    """One contractor segment -> the records of one episode (null actions dropped). Raises RecordError.
+
+    ``resize`` is (W, H), as the command line's ``WxH``; the GUI cursor is scaled with the frame.
+    """
     with open(jsonl_path) as f:
         try:
             steps = [json.loads(line) for line in f if line.strip()]
