@@ -10,12 +10,14 @@ game + Xvfb processes' CPU time (psutil) over wall time, in cores. The last line
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import time
 
 import numpy as np
 import psutil
 
 N_STEPS = 300
+WORKER_TIMEOUT_S = 600  # one instance's start + warm-up + N_STEPS, with a wide margin
 
 
 def _action(t: int) -> dict:
@@ -62,7 +64,18 @@ def main() -> None:
     procs = [ctx.Process(target=_worker, args=(q,)) for _ in range(2)]
     for p in procs:
         p.start()
-    two = [q.get() for _ in procs]
+    two: list[dict] = []
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    while len(two) < len(procs):
+        try:
+            two.append(q.get(timeout=5.0))
+        except queue.Empty:  # a worker that died (e.g. its game did not start) never reports
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    p.terminate()
+                raise SystemExit(f"an instance did not report (worker exit codes "
+                                 f"{[p.exitcode for p in procs]})") from None
     for p in procs:
         p.join()
     each = min(r["steps_per_s"] for r in two)
