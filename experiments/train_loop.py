@@ -445,5 +445,5 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
         if bar is not None:
             bar.close()
         ckpt.close()
-        writer.flush()
+        writer.close()  # flushes; a second train() in the same process (tests) opens its own event file
     return history
