@@ -84,6 +84,8 @@ def _task(**over):
     ({"init": {"pos": [0, 1]}}, r"init\.pos"),
     ({"init": {"inventory": [{"item": "a", "count": 0}]}}, r"init\.inventory\[0\]\.count"),
     ({"init": {"weather": "rain"}}, r"init: unknown key"),
+    ({"init": {"inventory": [{"item": 5}]}}, r"init\.inventory\[0\]\.item"),
+    ({"init": {"nodes": [{"pos": [0, 9, 0], "name": None}]}}, r"init\.nodes\[0\]\.name"),
     ({"subgoals": [{"name": "x"}]}, r"subgoals\[0\]"),
     ({"colour": 1}, r"unknown key"),
 ])

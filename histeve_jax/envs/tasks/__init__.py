@@ -140,6 +140,12 @@ def _vec3(v: Any, where: str) -> list[float]:
     return [float(x) for x in v]
 
 
+def _name(v: Any, where: str) -> None:
+    # item and node names go to the mod verbatim; a non-string would fail there without naming the key
+    if not isinstance(v, str) or not v:
+        raise TaskError(f"{where}: must be an item or node name like 'default:dirt', got {v!r}")
+
+
 _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", "nodes", "fills"}
 
 
@@ -163,6 +169,7 @@ def _validate_init(init: Any, where: str) -> dict[str, Any]:
         w = f"{where}.inventory[{i}]"
         if not isinstance(it, Mapping) or "item" not in it or set(it) - {"item", "count", "slot"}:
             raise TaskError(f"{w}: must be {{item, count, slot}} with item required, got {it!r}")
+        _name(it["item"], f"{w}.item")
         if not isinstance(it.get("count", 1), int) or it.get("count", 1) < 1:
             raise TaskError(f"{w}.count: must be a positive int")
         if "slot" in it and (not isinstance(it["slot"], int) or not 1 <= it["slot"] <= 32):
@@ -179,12 +186,14 @@ def _validate_init(init: Any, where: str) -> dict[str, Any]:
         if not isinstance(n, Mapping) or set(n) != {"pos", "name"}:
             raise TaskError(f"{w}: must be {{pos, name}}, got {n!r}")
         _vec3(n["pos"], f"{w}.pos")
+        _name(n["name"], f"{w}.name")
     for i, f in enumerate(init.get("fills") or []):
         w = f"{where}.fills[{i}]"
         if not isinstance(f, Mapping) or set(f) != {"pos1", "pos2", "name"}:
             raise TaskError(f"{w}: must be {{pos1, pos2, name}}, got {f!r}")
         _vec3(f["pos1"], f"{w}.pos1")
         _vec3(f["pos2"], f"{w}.pos2")
+        _name(f["name"], f"{w}.name")
     return out
 
 
