@@ -45,7 +45,9 @@ def make_train_step(
     microbatches: int = 1,
 ) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
     """A pure ``train_step(state, batch, rng) -> (state, metrics)``; with ``microbatches > 1`` the gradient is
-    the mean of the microbatches' gradients (equal to the full-batch one for a per-example-mean loss)."""
+    the mean of the microbatches' gradients. That equals the full-batch gradient for a per-example-mean loss;
+    a loss averaged over masked tokens (``vla.action_loss``) weights each microbatch equally instead of by
+    its token count, so it differs slightly when the microbatches hold different numbers of targets."""
     if microbatches < 1:
         raise ValueError(f"microbatches must be >= 1, got {microbatches}")
 
