@@ -93,6 +93,13 @@ def _worker(process_id: int, port: int, workdir: str) -> None:
         for sa, sb in zip(a.addressable_shards, b.addressable_shards, strict=True):
             np.testing.assert_array_equal(np.asarray(sa.data), np.asarray(sb.data))
     assert it == {"host": 0}  # JSON items are written by the primary host
+    # The train loop leaves SIGTERM to jax.distributed's preemption notifier on several hosts.
+    import signal
+
+    from experiments import train_loop
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert not train_loop._Preempted().flag and signal.getsignal(signal.SIGTERM) == before
     jax.distributed.shutdown()
     print(f"worker {process_id} ok")
 
