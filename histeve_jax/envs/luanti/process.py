@@ -116,7 +116,9 @@ def client_config(
         "active_block_range": "2",
         "max_block_send_distance": "6",
         "chat_message_limit_per_10sec": "1000",
-        "keymap_sprint": "KEY_KEY_E",
+        # minetest 5.6 has no sprint key: the env's "sprint" is Aux1 (fast move where allowed), pinned to E
+        # here (its default) because xinput.KEYSYMS sends E for it. "keymap_sprint" is not a 5.6 setting.
+        "keymap_aux1": "KEY_KEY_E",
     }
     cfg.update(extra or {})
     return "".join(f"{k} = {v}\n" for k, v in cfg.items())

@@ -8,8 +8,8 @@ from Xlib import XK, X, display
 from Xlib.error import XError
 from Xlib.ext import xtest
 
-# env-format binary key -> X keysym name (minetest's default keymap; sprint is bound to E in the config,
-# attack/use are mouse buttons and handled separately).
+# env-format binary key -> X keysym name (minetest's default keymap; sprint is Aux1, bound to E in the
+# config, attack/use are mouse buttons and handled separately).
 KEYSYMS = {
     "forward": "w",
     "back": "s",
