@@ -227,7 +227,9 @@ def build_state(config: Any, cfg: vla.VLAConfig, tx: Any, mesh: Any, rules: Any,
         state, data_state, _ = ckpt.restore(abstract)
         logging.info("resuming from %s step %d", ckpt.directory, int(state.step))
         return state, shardings, data_state
-    if config.model.kind == "hf":
+    # With init_from the previous stage's params replace the initial ones: a random sharded init is then
+    # enough, and no host reads the Hugging Face weights (15 GB for the 7B) only to drop them.
+    if config.model.kind == "hf" and not config.init_from:
         m = config.model
         overrides = dict(dtype=_dtype(m.dtype), param_dtype=_dtype(m.param_dtype), remat=m.remat)
         policy = vla.VLAPolicy.from_pretrained(m.hf_path, cfg, seed=config.seed, mesh=mesh, rules=rules,

@@ -55,7 +55,7 @@ def _losses(history, steps):
     return np.array([history[s]["loss"] for s in steps])
 
 
-def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path):
+def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monkeypatch):
     whole = train_loop.train(_config(demo_dirs), str(tmp_path / "whole"))
     first = train_loop.train(_config(demo_dirs, stop_at_step=12), str(tmp_path / "killed"))
     # the kill lost steps 9-12 (the last checkpoint is step 8); the restart redoes them from step 8
@@ -86,6 +86,17 @@ def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     fresh.close()
     done.close()
+
+    # a Hugging Face base is not even read when init_from replaces its weights
+    def no_read(*a, **k):
+        raise AssertionError("init_from run read the Hugging Face weights")
+
+    monkeypatch.setattr(train_loop.vla.VLAPolicy, "from_pretrained", no_read)
+    c.model.kind = "hf"
+    with train_loop.Checkpointer(str(tmp_path / "stage2_hf" / "checkpoints"), async_save=False) as ck:
+        state, _, _ = train_loop.build_state(c, cfg, tx, mesh, rules, ck)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _parse(argv, default):
