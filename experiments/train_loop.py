@@ -30,8 +30,8 @@ from histeve_jax.data import synthetic
 from histeve_jax.models import vla
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
+from histeve_jax.parallel import axes, multihost
 from histeve_jax.parallel import mesh as mesh_lib
-from histeve_jax.parallel import multihost
 from histeve_jax.parallel import sharding as sharding_lib
 from histeve_jax.train import optimizer as optimizer_lib
 from histeve_jax.train import state as state_lib
@@ -391,7 +391,9 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
     batch_sharding = step_lib.batch_sharding(mesh, rules)
 
     def eval_fn(state: state_lib.TrainState, batch: Any) -> dict[str, jax.Array]:
-        loss, metrics = _loss_fn(state.model(), batch, jax.random.key(0))
+        # The same activation constraints as the train step, so the forward is laid out as in training.
+        with axes.activate(mesh, rules):
+            loss, metrics = _loss_fn(state.model(), batch, jax.random.key(0))
         return {**metrics, "loss": loss}
 
     eval_step = jax.jit(eval_fn, in_shardings=(shardings, batch_sharding))
