@@ -100,7 +100,6 @@ def _decode_loop(
         constraint = jax.tree.unflatten(payload, c_leaves) if kind == "tree" else payload
     cstate = constraint.init(B) if constraint is not None else ()
     stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
-    layers = model.language_model.layer_list()  # sliced once, outside the loop (see TextModel.__call__)
 
     def cond(c):
         i, *_, done, _, _ = c
@@ -121,9 +120,7 @@ def _decode_loop(
         slot = prompt_len + i
         mask = (kv_valid & (jnp.arange(S)[None, :] <= slot))[:, None, :]  # [B, 1, S]
         x = model.language_model.embed_tokens(tok[:, None])
-        h, cache = model.decode(
-            x, pos[:, :, None], mask, regime=regime, cache=cache, cache_index=slot, layers=layers
-        )
+        h, cache = model.decode(x, pos[:, :, None], mask, regime=regime, cache=cache, cache_index=slot)
         logits = model.logits(h[:, 0]).astype(jnp.float32)
         return i + 1, logits, cache, pos + 1, cstate, rng, done, out, lengths
 

@@ -34,9 +34,7 @@ class Attention(nnx.Module):
         self.o = param(rngs, (H, D, E), (axes.Q_HEADS, axes.HEAD_DIM, axes.EMBED), pd)
         self.scale = D**-0.5
 
-    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None, layer_index=None):
-        """`kv`: this layer's (k, v) [B, S, K, D], or with `layer_index` the stacked [L, B, S, K, D] cache,
-        written at row `layer_index`. Returns the output and the updated `kv`."""
+    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
         c = lambda p: p[...].astype(self.dtype)
         q = jnp.einsum("bte,ehd->bthd", x, c(self.q)) + c(self.q_bias)
         k = jnp.einsum("bte,ehd->bthd", x, c(self.k)) + c(self.k_bias)
@@ -46,17 +44,10 @@ class Attention(nnx.Module):
         if kv is not None:
             # Write this chunk into the cache at `cache_index`; attend over the whole cache (mask decides).
             kc, vc = kv
-            if layer_index is None:
-                idx = (0, cache_index, 0, 0)
-                k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), idx)
-                v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), idx)
-                kv = (k, v)
-            else:
-                idx = (layer_index, 0, cache_index, 0, 0)
-                kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype)[None], idx)
-                vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype)[None], idx)
-                kv = (kc, vc)
-                k, v = kc[layer_index], vc[layer_index]
+            idx = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), idx)
+            v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), idx)
+            kv = (k, v)
         o = attention(q, k.astype(q.dtype), v.astype(q.dtype), mask, self.scale)
         return jnp.einsum("bthd,hde->bte", o, c(self.o)), kv
 
@@ -82,8 +73,8 @@ class DecoderLayer(nnx.Module):
             rngs=rngs,
         )
 
-    def __call__(self, x, cos, sin, mask, regime=None, kv=None, cache_index=None, layer_index=None):
-        h, kv = self.attn(self.input_norm(x, regime), cos, sin, mask, kv, cache_index, layer_index)
+    def __call__(self, x, cos, sin, mask, regime=None, kv=None, cache_index=None):
+        h, kv = self.attn(self.input_norm(x, regime), cos, sin, mask, kv, cache_index)
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x, regime))
         return axes.constrain(x, _ACT), kv
@@ -108,14 +99,6 @@ class TextModel(nnx.Module):
             self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(t.num_hidden_layers)])
         self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps, param_dtype=cfg.param_dtype, rngs=rngs)
 
-    def layer_list(self) -> list[DecoderLayer]:
-        """The decoder layers as separate modules (stacked parameters sliced per layer when scanned)."""
-        if not self.cfg.scan_layers:
-            return list(self.layers)
-        graphdef, state = nnx.split(self.layers)
-        n = self.cfg.text.num_hidden_layers
-        return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state)) for i in range(n)]
-
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         return self.embed[...].astype(self.cfg.dtype)[input_ids]
 
@@ -128,31 +111,27 @@ class TextModel(nnx.Module):
         regime: jax.Array | None = None,
         cache: KVCache | None = None,
         cache_index: jax.Array | int | None = None,
-        layers: list[DecoderLayer] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """x [B, T, E] -> final hidden states [B, T, E] (after the norm) and the updated cache. `layers`
-        (from `layer_list`, with a cache only) replaces the module's own layers."""
+        """x [B, T, E] -> final hidden states [B, T, E] (after the norm) and the updated cache."""
         x = axes.constrain(x, _ACT)
 
         def run(layer, x, kv):
             return layer(x, cos, sin, mask, regime, kv, cache_index)
 
-        if cache is not None:
-            # Prefill/decode: a Python loop over layers, each writing its KV rows straight into the stacked
-            # cache (no re-stacking of the whole cache). A decode loop passes `layers` sliced once before
-            # it: slicing the stacks inside the loop (scan, or static slices alike) copies every layer's
-            # weights each step, which doubled the weight-bound step time on CPU.
-            for i, layer in enumerate(self.layer_list() if layers is None else layers):
-                x, cache = layer(x, cos, sin, mask, regime, cache, cache_index, layer_index=i)
-        elif self.cfg.scan_layers:
+        if self.cfg.scan_layers:
             graphdef, state = nnx.split(self.layers)
 
-            def body(x, st):
-                layer_fn = lambda x, st: run(nnx.merge(graphdef, st), x, None)[0]
-                return remat(layer_fn, self.cfg.remat)(x, st), None
+            def body(x, xs):
+                st, kv = xs
+                return remat(lambda x, st, kv: run(nnx.merge(graphdef, st), x, kv), self.cfg.remat)(x, st, kv)
 
-            x, _ = jax.lax.scan(body, x, state)
+            x, cache = jax.lax.scan(body, x, (state, cache))
         else:
-            for layer in self.layers:
-                x, _ = remat(lambda x, layer=layer: run(layer, x, None), self.cfg.remat)(x)
+            new = []
+            for i, layer in enumerate(self.layers):
+                kv = None if cache is None else (cache[0][i], cache[1][i])
+                x, kv = remat(lambda x, kv, layer=layer: run(layer, x, kv), self.cfg.remat)(x, kv)
+                new.append(kv)
+            if cache is not None:
+                cache = (jnp.stack([k for k, _ in new]), jnp.stack([v for _, v in new]))
         return self.norm(x), cache
