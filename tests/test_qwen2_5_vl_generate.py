@@ -136,3 +136,27 @@ def test_constraint_mask_is_respected(qwen_tiny_dir, qwen_tiny_flax, padded, tem
     toks = np.asarray(out.tokens)
     assert (toks[:, 0::2] < 50).all()
     assert ((toks[:, 1::2] >= 200) & (toks[:, 1::2] < 210)).all()
+
+
+def test_sampler_reads_current_weights_and_refuses_a_replaced_graph(qwen_tiny_dir, padded):
+    """A Sampler walks the graph once: in-place weight updates are seen, a replaced config needs refresh()."""
+    from histeve_jax.models.qwen2_5_vl import Sampler, load_hf, resize_token_embeddings
+
+    model = load_hf(qwen_tiny_dir[2])  # our own copy: it is changed below
+    ids, mask, pv, grid = padded
+    kw = dict(pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    sampler = Sampler(model)
+    before = np.asarray(sampler(ids, mask, **kw).tokens)
+    np.testing.assert_array_equal(before, np.asarray(generate(model, ids, mask, **kw).tokens))
+    # An in-place update (as an optimizer step or a weight sync does): the least likely token comes first.
+    model.lm_head.set_value(-model.lm_head[...])
+    after = np.asarray(sampler(ids, mask, **kw).tokens)
+    np.testing.assert_array_equal(after, np.asarray(generate(model, ids, mask, **kw).tokens))
+    assert (after != before).any()
+    resize_token_embeddings(model, qwen_tiny_dir[0].text.vocab_size + 8)
+    with pytest.raises(RuntimeError, match="refresh"):
+        sampler(ids, mask, **kw)
+    sampler.refresh()
+    np.testing.assert_array_equal(
+        np.asarray(sampler(ids, mask, **kw).tokens), np.asarray(generate(model, ids, mask, **kw).tokens)
+    )

@@ -151,3 +151,22 @@ def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
                               jax.random.key(1), id_map=table)
     assert [r for _, r in out] == [Regime.NG, Regime.GUI]
     assert all(set(a) == set(ENV_KEYS) and a["camera"].shape == (2,) for a, _ in out)
+
+
+def test_act_follows_a_weight_sync(policy):
+    """act keeps one Actor per policy; nnx.update (an RL weight sync) changes what it samples, exactly."""
+    config = policy.config
+    regimes = np.array([0, 1])
+    ids, am, pv = make_prompts(config, regimes, seed=7)
+    mine = VLAPolicy(config, rngs=nnx.Rngs(1))
+    other = VLAPolicy(config, rngs=nnx.Rngs(2))
+    for p, seed in ((mine, 1), (other, 2)):  # varied greedy actions: random action rows in the lm_head
+        w = np.asarray(p.model.lm_head[...]).copy()
+        w[:, config.vocab.ids] = np.random.default_rng(seed).standard_normal((w.shape[0], 63))
+        p.model.lm_head.set_value(jnp.asarray(w))
+    run = lambda p: act(p, ids, am, pv, regimes, jax.random.key(0), greedy=True)
+    want_other = run(other)
+    before = run(mine)
+    nnx.update(mine, nnx.state(other))
+    np.testing.assert_array_equal(run(mine), want_other)
+    assert not np.array_equal(before, want_other)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,7 +46,7 @@ from histeve_jax.data.prompts import observation_messages
 from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, load_hf, resize_token_embeddings
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
-from histeve_jax.models.qwen2_5_vl.generate import generate
+from histeve_jax.models.qwen2_5_vl.generate import Sampler
 from histeve_jax.train.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
 
 METRIC_GROUPS: tuple[str, ...] = TOKEN_GROUPS + ("other",)  # "other": <|im_end|> and text targets
@@ -259,6 +260,67 @@ def grammar_of(config: VLAConfig) -> G.ActionGrammar:
     return _grammar(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size)
 
 
+class Actor:
+    """``act`` for a control loop: one policy, its graph walked once (``qwen2_5_vl.Sampler``), the grammar
+    and token ids looked up once. Weights are read from the policy's variables on every call, so
+    in-place updates (optimizer steps, ``nnx.update`` on a weight sync) are seen; after structural
+    changes call ``refresh()``. ``act(policy, ...)`` keeps one per policy and refreshes it itself when the
+    policy's model or config was replaced."""
+
+    def __init__(self, policy: VLAPolicy):
+        self.policy = policy
+        self.refresh()
+
+    def refresh(self) -> None:
+        cfg = self.policy.config
+        self.sampler = Sampler(self.policy.model)
+        self.config = cfg
+        self.model = self.policy.model
+        self.grammar = grammar_of(cfg)
+        vocab = cfg.vocab
+        self.end = vocab.id_of(vocab.slots.end)
+        self.max_len = vocab.max_len
+
+    def stale(self) -> bool:
+        """Whether the policy's model, config or model config were replaced since ``refresh``."""
+        p = self.policy
+        return p.model is not self.model or p.config is not self.config or self.sampler.stale()
+
+    def __call__(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        pixel_values: np.ndarray | None,
+        regime: Sequence[int] | np.ndarray | int,
+        rng: jax.Array,
+        *,
+        temperature: float = 1.0,
+        greedy: bool = False,
+    ) -> np.ndarray:
+        """As :func:`act`."""
+        input_ids = np.asarray(input_ids, np.int32)
+        B = input_ids.shape[0]
+        regime = jnp.asarray(np.broadcast_to(np.asarray(regime, np.int32), (B,)))
+        pv, grid = _flat_pixels(self.config, {"pixel_values": pixel_values})
+        out = self.sampler(
+            input_ids,
+            np.asarray(attention_mask, np.int32),
+            pixel_values=None if pv is None else jnp.asarray(pv, jnp.float32),
+            image_grid_thw=grid,
+            regime=regime,
+            max_new_tokens=self.max_len,
+            temperature=0.0 if greedy else temperature,
+            stop_token_ids=(self.end,),
+            rng=rng,
+            constraint=G.ActionConstraint(self.grammar, regime),
+            pad_token_id=self.end,  # rows that finish early read END after
+        )
+        return np.asarray(out.tokens)
+
+
+_ACTORS: weakref.WeakKeyDictionary[VLAPolicy, Actor] = weakref.WeakKeyDictionary()
+
+
 def act(
     policy: VLAPolicy,
     input_ids: np.ndarray,
@@ -274,29 +336,14 @@ def act(
 
     Decoding is constrained by the action grammar of each row's regime, so row b reads (``TYPE ... END``
     then END padding) as a well-formed action of ``regime[b]``; decode it with ``ActionVocab.decode``
-    (see :func:`decode_actions`).
+    (see :func:`decode_actions`). Runs on the policy's :class:`Actor` (kept per policy).
     """
-    cfg = policy.config
-    input_ids = jnp.asarray(input_ids, jnp.int32)
-    B = input_ids.shape[0]
-    regime = jnp.asarray(np.broadcast_to(np.asarray(regime, np.int32), (B,)))
-    pv, grid = _flat_pixels(cfg, {"pixel_values": pixel_values})
-    end = cfg.vocab.id_of(cfg.vocab.slots.end)
-    out = generate(
-        policy.model,
-        input_ids,
-        jnp.asarray(attention_mask, jnp.int32),
-        pixel_values=None if pv is None else jnp.asarray(pv),
-        image_grid_thw=grid,
-        regime=regime,
-        max_new_tokens=cfg.vocab.max_len,
-        temperature=0.0 if greedy else temperature,
-        stop_token_ids=(end,),
-        rng=rng,
-        constraint=G.ActionConstraint(grammar_of(cfg), regime),
-        pad_token_id=end,  # rows that finish early read END after
-    )
-    return np.asarray(out.tokens)
+    actor = _ACTORS.get(policy)
+    if actor is None:
+        actor = _ACTORS[policy] = Actor(policy)
+    elif actor.stale():
+        actor.refresh()
+    return actor(input_ids, attention_mask, pixel_values, regime, rng, temperature=temperature, greedy=greedy)
 
 
 def decode_actions(config: VLAConfig, tokens: np.ndarray) -> list[tuple[dict[str, Any], Regime]]:

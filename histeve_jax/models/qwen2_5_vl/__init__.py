@@ -5,7 +5,8 @@
   image_grid_thw=...)` -> logits; `model.hidden_states(...)` for final hidden states. Grids (`*_grid_thw`)
   must be concrete (numpy or tuples): they fix the number of vision tokens.
 - `load_hf` / `save_hf`: HF safetensors directories, tensor by tensor, sharded placement with a mesh.
-- `generate`: jitted prefill + `lax.while_loop` decode with a KV cache, greedy or top-p, constraint masks.
+- `generate` / `Sampler`: one jitted program (prefill + `lax.while_loop` decode with a KV cache), greedy or
+  top-p, constraint masks; `Sampler` keeps the graph for repeated calls.
 - RS-Norm hook: `norm_regimes > 1` gives the decoder pre-norms a [regimes, d] scale picked by `regime[b]`.
 """
 
@@ -17,7 +18,7 @@ from histeve_jax.models.qwen2_5_vl.config import (
     qwen2_5_vl_7b,
     tiny,
 )
-from histeve_jax.models.qwen2_5_vl.generate import GenerateOutput, generate
+from histeve_jax.models.qwen2_5_vl.generate import GenerateOutput, Sampler, generate
 from histeve_jax.models.qwen2_5_vl.model import Qwen2_5_VLModel
 from histeve_jax.models.qwen2_5_vl.rope import get_rope_index
 from histeve_jax.models.qwen2_5_vl.weights import load_hf, resize_token_embeddings, save_hf
@@ -25,6 +26,7 @@ from histeve_jax.models.qwen2_5_vl.weights import load_hf, resize_token_embeddin
 __all__ = [
     "GenerateOutput",
     "generate",
+    "Sampler",
     "Qwen2_5_VLConfig",
     "Qwen2_5_VLModel",
     "TextConfig",
