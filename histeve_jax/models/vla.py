@@ -46,7 +46,7 @@ from histeve_jax.data.prompts import observation_messages
 from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLModel, load_hf, resize_token_embeddings
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
-from histeve_jax.models.qwen2_5_vl.generate import Sampler
+from histeve_jax.models.qwen2_5_vl.generate import Sampler, as_input
 from histeve_jax.train.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
 
 METRIC_GROUPS: tuple[str, ...] = TOKEN_GROUPS + ("other",)  # "other": <|im_end|> and text targets
@@ -298,14 +298,13 @@ class Actor:
         greedy: bool = False,
     ) -> np.ndarray:
         """As :func:`act`."""
-        input_ids = np.asarray(input_ids, np.int32)
-        B = input_ids.shape[0]
-        regime = jnp.asarray(np.broadcast_to(np.asarray(regime, np.int32), (B,)))
+        input_ids = as_input(input_ids, np.int32)
+        regime = np.broadcast_to(np.asarray(regime, np.int32), (input_ids.shape[0],))
         pv, grid = _flat_pixels(self.config, {"pixel_values": pixel_values})
         out = self.sampler(
             input_ids,
-            np.asarray(attention_mask, np.int32),
-            pixel_values=None if pv is None else jnp.asarray(pv, jnp.float32),
+            attention_mask,
+            pixel_values=None if pv is None else as_input(pv, np.float32),
             image_grid_thw=grid,
             regime=regime,
             max_new_tokens=self.max_len,

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl.model import Qwen2_5_VLModel
@@ -212,6 +213,14 @@ def _split_constraint(constraint: Any) -> tuple[Any, list]:
     return ("static", constraint), []
 
 
+def as_input(x: Any, dtype: Any) -> Any:
+    """``x`` as ``dtype``, where it already is: a device array stays on its device, anything else becomes a
+    numpy array (a jitted call moves all of its host arguments in one go, cheaper than one by one)."""
+    if isinstance(x, jax.Array):
+        return x if x.dtype == dtype else x.astype(dtype)
+    return np.asarray(x, dtype)
+
+
 class Sampler:
     """`generate` for repeated calls on one model: ``Sampler(model)(input_ids, ...)`` takes `generate`'s
     arguments after the model.
@@ -273,8 +282,8 @@ class Sampler:
         constraint: Any = None,
         pad_token_id: int = 0,
     ) -> GenerateOutput:
-        ids = jnp.asarray(input_ids, jnp.int32)
-        mask = jnp.ones_like(ids) if attention_mask is None else jnp.asarray(attention_mask, jnp.int32)
+        ids = as_input(input_ids, np.int32)
+        mask = np.ones(ids.shape, np.int32) if attention_mask is None else as_input(attention_mask, np.int32)
         igrid, vgrid = as_grid(image_grid_thw, "image_grid_thw"), as_grid(video_grid_thw, "video_grid_thw")
         greedy = float(temperature) == 0.0
         if rng is None:
@@ -291,8 +300,8 @@ class Sampler:
             second_per_grid_ts,
             regime,
             rng,
-            jnp.float32(temperature),
-            jnp.float32(top_p),
+            np.float32(temperature),
+            np.float32(top_p),
             c_leaves,
             igrid=igrid,
             vgrid=vgrid,
