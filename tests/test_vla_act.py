@@ -170,3 +170,11 @@ def test_act_follows_a_weight_sync(policy):
     nnx.update(mine, nnx.state(other))
     np.testing.assert_array_equal(run(mine), want_other)
     assert not np.array_equal(before, want_other)
+    # The per-policy cache does not keep a policy alive.
+    import gc
+    import weakref
+
+    gone = weakref.ref(other)
+    del other, p
+    gc.collect()
+    assert gone() is None

@@ -268,14 +268,19 @@ class Actor:
     policy's model or config was replaced."""
 
     def __init__(self, policy: VLAPolicy):
-        self.policy = policy
+        # A weak reference: ``act``'s per-policy cache must not keep its key alive. What a call needs (the
+        # model, the config) is held strongly.
+        self._policy = weakref.ref(policy)
         self.refresh()
 
     def refresh(self) -> None:
-        cfg = self.policy.config
-        self.sampler = Sampler(self.policy.model)
+        policy = self._policy()
+        if policy is None:
+            raise RuntimeError("Actor.refresh: the policy no longer exists")
+        cfg = policy.config
+        self.sampler = Sampler(policy.model)
         self.config = cfg
-        self.model = self.policy.model
+        self.model = policy.model
         self.grammar = grammar_of(cfg)
         vocab = cfg.vocab
         self.end = vocab.id_of(vocab.slots.end)
@@ -283,8 +288,10 @@ class Actor:
 
     def stale(self) -> bool:
         """Whether the policy's model, config or model config were replaced since ``refresh``."""
-        p = self.policy
-        return p.model is not self.model or p.config is not self.config or self.sampler.stale()
+        p = self._policy()
+        if p is not None and (p.model is not self.model or p.config is not self.config):
+            return True
+        return self.sampler.stale()
 
     def __call__(
         self,
