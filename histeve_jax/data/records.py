@@ -43,7 +43,7 @@ import numpy as np
 
 from histeve_jax.actions.codebook import BUTTONS
 
-KINDS = ("demo", "rl", "detector", "world_knowledge")
+KINDS = ("demo", "rl", "detector", "world_knowledge", "eval")
 FRAME_FORMATS = ("jpeg", "png")
 BINARY_KEYS = BUTTONS  # the env format's binary keys, defined once in actions.codebook
 SHARD_SUFFIX = ".array_record"
