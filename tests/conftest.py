@@ -64,3 +64,19 @@ def qwen_tiny_flax(qwen_tiny_dir):
     from histeve_jax.models.qwen2_5_vl import load_hf
 
     return load_hf(qwen_tiny_dir[2])
+
+
+# ---------------------------------------------------------------------- the Luanti game
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.game`` tests skip without minetest or Xvfb, except under CI=true, where they fail."""
+    if item.get_closest_marker("game") is None:
+        return
+    from histeve_jax.envs.luanti import minetest_available
+
+    if not minetest_available():
+        msg = "minetest or Xvfb not installed (apt-get install minetest xvfb)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {msg}", pytrace=False)
+        pytest.skip(msg)

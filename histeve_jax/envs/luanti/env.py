@@ -134,12 +134,13 @@ class LuantiEnv(gym.Env):
                 raise GameHung(f"no state from the game within {self.startup_timeout_s:.0f} s; "
                                f"log: {self.proc.log_tail()}")
             time.sleep(0.1)
-        self.x = XInput(self.proc.display)
+        with self.proc.x_auth():  # the display admits only clients with this instance's cookie
+            self.x = XInput(self.proc.display)
+            self._grabber = mss.MSS(display=self.proc.display)
         self.x.find_window(timeout_s=max(1.0, deadline - time.monotonic()), alive=self.proc.check_alive)
         from Xlib import X
         # Autorepeat would turn a held inventory key into a stream of toggles.
         self.x.d.change_keyboard_control(auto_repeat_mode=X.AutoRepeatModeOff)
-        self._grabber = mss.MSS(display=self.proc.display)
         self._held = {}
         time.sleep(0.5)
         self.x.tap_f2()  # hide the chat overlay ("agent joined the game")

@@ -3,20 +3,29 @@
 Processes are started with their pids recorded and stopped by those pids (terminate, then kill), always
 reaped; a weakref finalizer and atexit hook stop them if the owner forgets, and PR_SET_PDEATHSIG stops them
 if the Python process itself dies.
+
+The display accepts only its owner: each instance draws a random 128-bit MIT-MAGIC-COOKIE-1, writes it to an
+Xauthority file in its private (0700) dir and starts Xvfb with ``-auth`` on it, so a client without the
+cookie (another local user, another instance) is refused. minetest gets ``XAUTHORITY`` in its environment;
+our own connections (python-xlib, mss) are opened inside ``LuantiProcess.x_auth()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import secrets
 import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 from histeve_jax.envs.base import PIXELS_PER_DEGREE, RENDER_SIZE
@@ -46,6 +55,46 @@ class GameHung(GameError):
 def minetest_available() -> bool:
     """True if the minetest client and Xvfb are installed."""
     return os.access(MINETEST_BIN, os.X_OK) and os.access(XVFB_BIN, os.X_OK)
+
+
+# Xauthority entry families (Xau's FamilyLocal: a Unix-socket connection from `address` = the host name;
+# FamilyWild: any address) and the one auth protocol we use.
+FAMILY_LOCAL, FAMILY_WILD = 256, 65535
+MIT_COOKIE = b"MIT-MAGIC-COOKIE-1"
+
+
+def write_xauthority(path: str | os.PathLike, cookie: bytes) -> None:
+    """Write an Xauthority file (Xau's binary format, mode 0600) granting ``cookie`` on this host.
+
+    Entries have an empty display number, which Xau and python-xlib match to any display: Xvfb picks its own
+    number (-displayfd) after reading the file, and the server itself ignores the entries' address fields.
+    """
+    def field(b: bytes) -> bytes:
+        return struct.pack(">H", len(b)) + b
+
+    host = socket.gethostname().encode()
+    data = b"".join(struct.pack(">H", family) + field(addr) + field(b"") + field(MIT_COOKIE) + field(cookie)
+                    for family, addr in ((FAMILY_LOCAL, host), (FAMILY_WILD, b"")))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def xauthority_env(path: str | os.PathLike) -> Iterator[None]:
+    """Point XAUTHORITY at ``path`` while X connections are opened (python-xlib and libxcb read it then).
+
+    The variable is process-wide, so connections to one game are opened one at a time in a process.
+    """
+    old = os.environ.get("XAUTHORITY")
+    os.environ["XAUTHORITY"] = os.fspath(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("XAUTHORITY", None)
+        else:
+            os.environ["XAUTHORITY"] = old
 
 
 def _set_pdeathsig() -> None:
@@ -146,6 +195,7 @@ class LuantiProcess:
         self.world = self.root / "world"
         self.config_path = self.root / "minetest.conf"
         self.log_path = self.root / "minetest.log"
+        self.xauthority = self.root / "Xauthority"
         self.xvfb: subprocess.Popen | None = None
         self.game: subprocess.Popen | None = None
         self.display: str | None = None
@@ -154,6 +204,7 @@ class LuantiProcess:
         # and a process that exits without calling stop().
         self._finalizer = weakref.finalize(self, _stop_processes, self._procs_box, str(self.root), keep_dir)
         self.home.mkdir()
+        write_xauthority(self.xauthority, secrets.token_bytes(16))
         shutil.copytree(WORLD_TEMPLATE, self.world)
         shutil.copytree(MOD_DIR, self.world / "worldmods" / MOD_DIR.name)
         self.config_path.write_text(
@@ -179,8 +230,9 @@ class LuantiProcess:
         read_fd, write_fd = os.pipe()
         try:
             self.xvfb = subprocess.Popen(
-                [XVFB_BIN, "-displayfd", str(write_fd), "-screen", "0", f"{RENDER_W}x{RENDER_H}x24",
-                 "-nolisten", "tcp", "-noreset", "+extension", "XTEST"],
+                [XVFB_BIN, "-displayfd", str(write_fd), "-auth", str(self.xauthority),
+                 "-screen", "0", f"{RENDER_W}x{RENDER_H}x24", "-nolisten", "tcp", "-noreset",
+                 "+extension", "XTEST"],
                 pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 preexec_fn=_set_pdeathsig,
             )
@@ -207,7 +259,8 @@ class LuantiProcess:
 
     def _start_game(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "WAYLAND"))}
-        env.update(DISPLAY=self.display, HOME=str(self.home), LIBGL_ALWAYS_SOFTWARE="1")
+        env.update(DISPLAY=self.display, XAUTHORITY=str(self.xauthority), HOME=str(self.home),
+                   LIBGL_ALWAYS_SOFTWARE="1")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (kept open for the child's lifetime)
         self.game = subprocess.Popen(
             [MINETEST_BIN, "--config", str(self.config_path), "--go", "--world", str(self.world),
@@ -217,6 +270,10 @@ class LuantiProcess:
             cwd=str(self.root), preexec_fn=_set_pdeathsig,
         )
         self._procs_box.append(self.game.pid)
+
+    def x_auth(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which new X connections (python-xlib, mss) present this instance's cookie."""
+        return xauthority_env(self.xauthority)
 
     def pids(self) -> list[int]:
         """Pids of the running game and display processes."""
