@@ -8,6 +8,7 @@ PY="${PYTHON:-python3}"
 apt_packages=()
 command -v minetest >/dev/null 2>&1 || [ -x /usr/games/minetest ] || apt_packages+=(minetest)
 command -v Xvfb >/dev/null 2>&1 || apt_packages+=(xvfb)
+[ -x /usr/bin/chromium ] || apt_packages+=(chromium)  # the eval report tests drive it through playwright
 "$PY" -m pip --version >/dev/null 2>&1 || apt_packages+=(python3-pip python3-venv)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
