@@ -6,75 +6,81 @@ Each step stores the frame the expert saw, the env-format action it took, the re
 cursor, the cumulative event counters, the expert's subtask name (boundaries are where it changes), the
 instruction and the task id; ``completed`` is 1 on frames where the task's success check already holds (the
 completion detector's label). The episode ends with the frame after the last action, stored with a no-op
-action and ``done=True``. Writes ``summary.json`` (per-task expert success rates) and ``config.json``.
+action and ``done=True`` (the records are ``eval.rollout``'s, with kind "demo"). Writes ``summary.json``
+(per-task expert success rates) and ``config.json``. With ``--config.instances=N > 1`` the episodes run on N
+games in parallel (``eval.fleet``, on a local Ray), and are written in the same order as with one game.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import numpy as np
 from absl import app, flags, logging
 from tqdm import tqdm
 
 from experiments.config_cli import define_config
-from histeve_jax.data.records import ShardWriter, StepRecord, encode_frame
-from histeve_jax.envs import load_task, make, noop_action
-from histeve_jax.envs.base import EVENT_KEYS
+from histeve_jax.data.records import ShardWriter, StepRecord
+from histeve_jax.envs import load_task, make
 from histeve_jax.envs.experts import expert_for
+from histeve_jax.eval.rollout import EpisodeResult, ExpertAgent, expert_agent, run_episode
 
 _CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 define_config(os.path.join(_CONFIGS, "record.py"), "Recorder config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (records/, summary.json, config.json).")
+MAX_ATTEMPTS = 3  # tries of an episode whose game crashed or hung
 
 
-def _jsonable_action(a: dict) -> dict:
-    return {k: ([float(x) for x in np.asarray(v).reshape(2)] if k == "camera" else int(v))
-            for k, v in a.items()}
+def _env_kwargs(cfg) -> dict:
+    return {"obs_size": tuple(cfg.obs_size), "randomize_init": cfg.randomize_init,
+            "fps_max": cfg.env.fps_max, "viewing_range": cfg.env.viewing_range}
 
 
-def _record(task, episode_id: str, step: int, obs, info, action, subtask: str, reward: float, done: bool,
-            cfg, seed: int) -> StepRecord:
-    return StepRecord(
-        episode_id=episode_id, step=step, task_id=task.name, kind="demo", instruction=task.text,
-        frame=encode_frame(obs["image"], cfg.frame_format, cfg.jpeg_quality), frame_format=cfg.frame_format,
-        action=_jsonable_action(action), is_gui_open=bool(info["is_gui_open"]),
-        cursor=None if info["cursor"] is None else [float(v) for v in info["cursor"]], subtask=subtask,
-        events={k: dict(info[k]) for k in EVENT_KEYS},
-        reward=float(reward), done=done, completed=int(task.is_success(info)),
-        metadata={"backend": cfg.backend, "seed": seed, "pos": [float(v) for v in info["pos"]],
-                  "yaw": float(info["yaw"]), "pitch": float(info["pitch"]),
-                  "inventory": dict(info["inventory"])},
-    )
+def _run_kwargs(cfg) -> dict:
+    return {"kind": "demo", "frame_format": cfg.frame_format, "jpeg_quality": cfg.jpeg_quality}
 
 
-def record_episode(env, task, seed: int, cfg) -> tuple[list[StepRecord], bool]:
-    """Run the task's expert once from (seed, task); returns the episode's records and its success."""
-    obs, info = env.reset(seed=seed, options={"task": task})
-    expert = expert_for(task)
-    expert.reset(info)
-    episode_id = f"{task.name}-{seed}-{uuid.uuid4().hex[:8]}"
-    records: list[StepRecord] = []
-    for t in range(task.max_steps):
+def record_episode(env, task, seed: int, cfg) -> EpisodeResult:
+    """Run the task's expert once from (seed, task) in ``env``; retried while the game crashes or hangs."""
+    for _ in range(MAX_ATTEMPTS):
+        result = run_episode(env, task, seed, ExpertAgent(), backend=cfg.backend, **_run_kwargs(cfg))
+        if not result.interrupted:
+            break
+        logging.warning("%s seed %d: the game failed (%s); retrying", task.name, seed, result.error)
+    return result
+
+
+def _results(cfg, specs):
+    """(task, seed) -> EpisodeResult for every spec, yielded in the order of ``specs`` whichever finished
+    first: one game in this process, or ``cfg.instances`` games on a Ray fleet."""
+    if cfg.instances <= 1:
+        env = make(cfg.backend, **_env_kwargs(cfg))
         try:
-            action, subtask = expert.act(info)
-        except RuntimeError as e:  # the expert gave up (e.g. the GUI did not open): a failed episode
-            logging.warning("%s seed %d: expert gave up at step %d: %s", task.name, seed, t, e)
-            break
-        next_obs, reward, terminated, truncated, next_info = env.step(action)
-        records.append(_record(task, episode_id, t, obs, info, action, subtask, reward, False, cfg, seed))
-        obs, info = next_obs, next_info
-        if terminated or truncated or subtask == "done":
-            break
-    records.append(_record(task, episode_id, len(records), obs, info, noop_action(), "done", 0.0, True, cfg,
-                           seed))
-    return records, bool(info["success"])
+            for task, seed in specs:
+                yield record_episode(env, load_task(task), seed, cfg)
+        finally:
+            env.close()
+        return
+    from histeve_jax.eval.fleet import EpisodeSpec, Fleet
+
+    with Fleet(cfg.instances, _env_kwargs(cfg), backend=cfg.backend, max_attempts=MAX_ATTEMPTS,
+               run_kwargs=_run_kwargs(cfg)) as fleet:
+        done: dict[tuple[str, int], EpisodeResult] = {}
+        order = iter(specs)
+        want = next(order, None)
+        for result in fleet.run([EpisodeSpec(t, s) for t, s in specs], expert_agent):
+            done[(result.task, result.seed)] = result
+            while want is not None and want in done:  # write in spec order, holding only the out-of-order
+                yield done.pop(want)
+                want = next(order, None)
 
 
 def run(cfg, workdir: str) -> dict:
-    """Record cfg.episodes episodes of each of cfg.tasks; returns the summary written to summary.json."""
+    """Record cfg.episodes episodes of each of cfg.tasks; returns the summary written to summary.json.
+
+    Episodes are written in task order, then seed order, with one game or ``cfg.instances`` in parallel.
+    """
     os.makedirs(workdir, exist_ok=True)
     out_dir = cfg.output_dir or os.path.join(workdir, "records")
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -82,31 +88,32 @@ def run(cfg, workdir: str) -> dict:
     tasks = [load_task(n) for n in cfg.tasks]
     for t in tasks:
         expert_for(t)  # fail before starting the game if a task has no expert
-    env = make(cfg.backend, obs_size=tuple(cfg.obs_size), randomize_init=cfg.randomize_init,
-               fps_max=cfg.env.fps_max, viewing_range=cfg.env.viewing_range)
+    specs = [(t.name, cfg.seed + i) for t in tasks for i in range(cfg.episodes)]
+    stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}
-    bar = tqdm(total=len(tasks) * cfg.episodes, disable=not cfg.progress_bar, desc="episodes")
+    bar = tqdm(total=len(specs), disable=not cfg.progress_bar, desc="episodes")
     try:
         with ShardWriter(out_dir, prefix=f"{cfg.backend}-demo", records_per_shard=cfg.records_per_shard) as w:
-            for task in tasks:
-                ok, steps, kept = 0, [], 0
-                for i in range(cfg.episodes):
-                    records, success = record_episode(env, task, cfg.seed + i, cfg)
-                    ok += success
-                    steps.append(len(records))
-                    if success or cfg.keep_failed:
-                        w.write_episode(records)
-                        kept += 1
-                    bar.update(1)
-                    bar.set_postfix(task=task.name, success=f"{ok}/{i + 1}")
-                summary["tasks"][task.name] = {"episodes": cfg.episodes, "successes": ok, "kept": kept,
-                                               "success_rate": ok / max(cfg.episodes, 1),
-                                               "mean_steps": float(np.mean(steps)) if steps else 0.0}
-                logging.info("%s: %d/%d expert successes", task.name, ok, cfg.episodes)
+            for result in _results(cfg, specs):
+                s = stats[result.task]
+                records: list[StepRecord] = result.records
+                s["ok"] += result.success
+                s["interrupted"] += result.interrupted
+                s["steps"].append(len(records))
+                if records and (result.success or cfg.keep_failed):
+                    w.write_episode(records)
+                    s["kept"] += 1
+                bar.update(1)
+                bar.set_postfix(task=result.task, success=f"{s['ok']}/{len(s['steps'])}")
+        for name, s in stats.items():
+            summary["tasks"][name] = {"episodes": cfg.episodes, "successes": s["ok"], "kept": s["kept"],
+                                      "interrupted": s["interrupted"],
+                                      "success_rate": s["ok"] / max(cfg.episodes, 1),
+                                      "mean_steps": float(np.mean(s["steps"])) if s["steps"] else 0.0}
+            logging.info("%s: %d/%d expert successes", name, s["ok"], cfg.episodes)
         summary["shards"] = w.paths
     finally:
         bar.close()
-        env.close()
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     for name, s in summary["tasks"].items():

@@ -26,6 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.records_per_shard = 2048
     c.keep_failed = False  # drop episodes whose expert did not succeed (they are still counted)
     c.progress_bar = True
+    c.instances = 1  # games run in parallel (> 1: on a Ray fleet, eval.fleet)
     c.env = ml_collections.ConfigDict()
     c.env.fps_max = 30
     c.env.viewing_range = 40
