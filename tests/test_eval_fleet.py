@@ -135,6 +135,43 @@ def test_killed_actor_is_restarted_and_its_episode_retried(fleet, tmp_path):
     assert len(worlds) == sum(len(p) > 1 for p in pids)  # one per live game: the dead game's is gone
 
 
+@dataclasses.dataclass(frozen=True)
+class _CrashGameOnce:
+    """AgentFactory: experts, except that the first victim episode kills its own game at step 3."""
+
+    marker: str
+    victim: tuple[str, int]
+
+    def __call__(self, task_name: str, seed: int):
+        return _GameKiller(self.marker) if (task_name, seed) == self.victim else ExpertAgent()
+
+
+class _GameKiller(ExpertAgent):
+    def __init__(self, marker: str):
+        super().__init__()
+        self.marker, self.t = marker, 0
+
+    def act(self, obs, info):
+        self.t += 1
+        if self.t == 3 and not os.path.exists(self.marker):
+            import psutil
+
+            games = [p for p in psutil.Process().children() if p.name() == "minetest"]
+            open(self.marker, "w").write(str(games[0].pid))
+            games[0].kill()
+        return super().act(obs, info)
+
+
+def test_interrupted_episode_is_retried_with_the_same_seed_on_a_fresh_game(fleet, tmp_path):
+    marker = str(tmp_path / "killed_game")
+    results = list(fleet.run(SPECS[:2], _CrashGameOnce(marker, ("place_dirt", 0))))
+    assert os.path.exists(marker)
+    assert not _alive(int(open(marker).read()))
+    assert sorted((r.task, r.seed) for r in results) == [("place_dirt", 0), ("place_dirt", 1)]
+    assert all(_complete(r) and r.success for r in results)
+    assert all(r.records[0].metadata["seed"] == r.seed for r in results)
+
+
 def test_close_leaves_no_game_processes(fleet):
     pids = [p for ps in fleet.pids() for p in ps]
     assert len(pids) >= 4  # two workers, and minetest + Xvfb of at least one game
