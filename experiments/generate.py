@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from histeve_jax.data.image_processing import VisionPreprocessConfig, process_images
-from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, generate, load_hf, tiny
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, SamplingOptions, generate, load_hf, tiny
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> None:
 
     kw = dict(pixel_values=jnp.asarray(vis["pixel_values"]), image_grid_thw=grid, stop_token_ids=stop)
     t0 = time.perf_counter()
-    out = generate(model, ids, None, max_new_tokens=a.max_new_tokens, **kw)
+    out = generate(model, ids, None, options=SamplingOptions(a.max_new_tokens), **kw)
     jax.block_until_ready(out.tokens)
     t1 = time.perf_counter()
-    out = generate(model, ids, None, max_new_tokens=a.max_new_tokens, **kw)
+    out = generate(model, ids, None, options=SamplingOptions(a.max_new_tokens), **kw)
     jax.block_until_ready(out.tokens)
     t2 = time.perf_counter()
     toks = np.asarray(out.tokens)[0, : int(out.lengths[0])]

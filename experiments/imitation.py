@@ -1,4 +1,5 @@
-"""Stage 2: imitation learning of keyboard-and-mouse control (the default: the tiny CPU variant).
+"""Stage 2: imitation learning of keyboard-and-mouse control: ``experiments.train`` with the imitation
+config (default: the tiny CPU variant).
 
     python -m experiments.imitation                                   # tiny: recorded game demos, minutes
     python -m experiments.imitation --config=experiments/configs/imitation.py:qwen7b \\
@@ -6,25 +7,7 @@
         --config.init_from=/path/to/world_knowledge_workdir --workdir=/path/to/run
 """
 
-from __future__ import annotations
-
-import os
-
-from absl import app, flags
-
-from experiments import train_loop
-from experiments.config_cli import define_config
-
-_CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
-define_config(os.path.join(_CONFIGS, "imitation.py:tiny"))
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    train_loop.train(flags.FLAGS.config, _WORKDIR.value)
-
-
 if __name__ == "__main__":
-    app.run(main)  # grain's worker processes need the program started by absl.app.run
+    from experiments.train import run
+
+    run("imitation.py:tiny")

@@ -38,31 +38,26 @@ _MESH = flags.DEFINE_string(
 )
 
 
-def vla_config(train: Any) -> Any:
-    """The policy config the stage trains, built from the named base shape (no HF directory needed)."""
-    import jax.numpy as jnp
+def run_spec(config: Any) -> Any:
+    """The stage's run spec (``train.specs``), as the train loop reads it."""
+    from histeve_jax.train.specs import RunSpec
 
-    from histeve_jax.models import vla
-    from histeve_jax.models.qwen2_5_vl import qwen2_5_vl_7b
-    from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
+    return RunSpec.from_config(config.train)
 
-    m, d = train.model, train.data
-    over = dict(
-        dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype), remat=m.remat, scan_layers=True
-    )
-    kw = dict(
-        codebook=d.codebook,
-        history_frames=d.history if d.kind == "demo" else 0,
-        image_size=tuple(d.image_size),
-        max_targets=m.max_targets,
-    )
-    if m.kind == "tiny":  # as experiments.train_loop builds it: action rows appended to the tiny vocab
-        return vla.tiny_config(base=tiny_base().replace(**over), **kw)
-    return vla.VLAConfig(base=qwen2_5_vl_7b().replace(**over), **kw)
+
+def policy_config(spec: Any) -> Any:
+    """The policy config the stage trains (``train.setup.policy_config``), scanned; with no Hugging Face
+    config.json at hand, from the shape ``config.train.model.base`` names (any base: 3B, 7B, tiny)."""
+    import dataclasses
+
+    from histeve_jax.train import setup
+
+    cfg = setup.policy_config(spec, named_base=True)
+    return dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=True))
 
 
 def abstract_batch(cfg: Any, batch_size: int, seq_len: int) -> dict[str, Any]:
-    """ShapeDtypeStructs of one global batch as ``data.pipeline`` feeds ``vla.action_loss``."""
+    """ShapeDtypeStructs of one global batch as ``data.pipeline`` feeds ``policy.action_loss``."""
     import jax
     import jax.numpy as jnp
 
@@ -164,31 +159,27 @@ def _gb(x: float) -> str:
 def compile_step(config: Any, cfg: Any, mesh: Any, *, images: bool = True) -> tuple[Any, Any, float, float]:
     """(compiled step, abstract state, lower seconds, compile seconds) of the policy ``cfg`` on ``mesh``."""
     import jax
-    from flax import nnx
 
-    from histeve_jax.models import vla
     from histeve_jax.parallel import sharding
-    from histeve_jax.train import optimizer
+    from histeve_jax.train import optimizer, setup
     from histeve_jax.train import state as state_lib
     from histeve_jax.train import step as step_lib
 
-    train = config.train
+    spec = run_spec(config)
+    stage = setup.policy_stage(spec, cfg)
     rules = sharding.rules_for(config.sharding)
-    tx, schedule = optimizer.make_optimizer(train.optimizer)
+    tx, schedule = optimizer.make_optimizer(spec.optimizer)
     t0 = time.time()
-    abstract, shardings = state_lib.abstract_train_state(
-        lambda: vla.VLAPolicy(cfg, rngs=nnx.Rngs(0)), tx, mesh, rules
-    )
+    abstract, shardings = state_lib.abstract_train_state(stage.init_model, tx, mesh, rules)
     missing = sharding.unannotated_params(abstract.params)
     if missing:
         raise ValueError(f"plan: parameters without logical axis names: {missing}")
-    batch = abstract_batch(cfg, int(train.data.batch_size), int(train.data.max_len))
+    batch = abstract_batch(cfg, spec.data.batch_size, spec.data.max_len)
     if not images:
         del batch["pixel_values"]
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    train_step = step_lib.make_train_step(
-        vla.action_loss, tx, schedule=schedule, microbatches=config.train.microbatches
-    )
+    train_step = step_lib.make_train_step(stage.loss_fn, tx, schedule=schedule,
+                                          microbatches=spec.loop.microbatches)
     lowered = step_lib.jit_train_step(train_step, shardings, mesh, rules).lower(abstract, batch, key)
     t1 = time.time()
     compiled = lowered.compile()
@@ -222,9 +213,9 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
         raise RuntimeError(f"plan: {len(devices)} devices, need {config.num_devices} (jax started too early)")
     ici = mesh_lib.parse_mesh_flag(mesh_flag) if mesh_flag else dict(config.mesh.ici)
     mesh = mesh_lib.make_mesh(ici, devices=devices[: config.num_devices])
-    train = config.train
-    cfg = vla_config(train)
-    B, L = int(train.data.batch_size), int(train.data.max_len)
+    spec = run_spec(config)
+    cfg = policy_config(spec)
+    B, L = spec.data.batch_size, spec.data.max_len
 
     compiled, abstract, lower_s, compile_s = compile_step(config, cfg, mesh)
     scanned_flops = float(compiled.cost_analysis()["flops"])
@@ -235,7 +226,7 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     if config.flops_from == "unrolled_layers" and cfg.base.scan_layers:
         layer_flops, flops_s = decoder_layer_flops(config, cfg, mesh)
         flops = scanned_flops + (cfg.base.text.num_hidden_layers - 1) * layer_flops
-        flops *= config.train.microbatches
+        flops *= spec.loop.microbatches
     else:
         flops, flops_s = scanned_flops, 0.0
 
@@ -262,7 +253,7 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
 
     print(
         f"mesh {shape} ({n} simulated devices), rules '{config.sharding}', remat '{cfg.base.remat}', "
-        f"compute {train.model.dtype}, params {train.model.param_dtype}, microbatches {train.microbatches}"
+        f"compute {spec.model.dtype}, params {spec.model.param_dtype}, microbatches {spec.loop.microbatches}"
     )
     print(
         f"batch {B} x {L} tokens ({cfg.num_frames} frames x {cfg.patches_per_image // 4} image tokens, "

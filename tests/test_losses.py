@@ -7,7 +7,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from histeve_jax.train.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
+from histeve_jax.losses import grouped_accuracy, masked_cross_entropy, sequence_exact_match
 
 
 def test_masked_cross_entropy_hand_computed():

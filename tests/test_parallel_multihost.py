@@ -96,10 +96,10 @@ def _worker(process_id: int, port: int, workdir: str) -> None:
     # The train loop leaves SIGTERM to jax.distributed's preemption notifier on several hosts.
     import signal
 
-    from experiments import train_loop
+    from histeve_jax.train.loop import Preemption
 
     before = signal.getsignal(signal.SIGTERM)
-    assert not train_loop._Preempted().flag and signal.getsignal(signal.SIGTERM) == before
+    assert not Preemption().flag and signal.getsignal(signal.SIGTERM) == before
     jax.distributed.shutdown()
     print(f"worker {process_id} ok")
 

@@ -67,10 +67,10 @@ def test_bad_names_raise_naming_the_tensor():
 
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_every_parameter_of_the_tiny_policy_has_logical_names(scan_layers):
-    from histeve_jax.models import vla
+    from histeve_jax import policy as policy_lib
 
-    config = vla.tiny_config(base=tiny(scan_layers=scan_layers))
-    abstract = nnx.eval_shape(lambda: vla.VLAPolicy(config, rngs=nnx.Rngs(0)))
+    config = policy_lib.tiny_config(base=tiny(scan_layers=scan_layers))
+    abstract = nnx.eval_shape(lambda: policy_lib.Policy(config, rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
     assert sharding.unannotated_params(params) == []
     flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(params)}

@@ -34,14 +34,14 @@ else:
     from flax import nnx
     from jax.sharding import PartitionSpec as P
 
-    from histeve_jax.models import vla
+    from histeve_jax import policy as policy_lib
     from histeve_jax.parallel import mesh as mesh_lib
     from histeve_jax.parallel import sharding
     from histeve_jax.train import optimizer
     from histeve_jax.train import state as state_lib
     from histeve_jax.train import step as step_lib
 
-    CONFIG = vla.tiny_config(history_frames=1, image_size=(56, 56))
+    CONFIG = policy_lib.tiny_config(history_frames=1, image_size=(56, 56))
     # Adam's first update is lr * g / (|g| + eps): with the usual eps=1e-8 it is ~lr * sign(g), so the
     # reduction-order noise (~1e-9) of a near-zero gradient flips whole lr-sized steps. A large eps makes the
     # update a smooth function of the gradient (slope lr/eps = 1), so parameters compare as tightly as
@@ -49,7 +49,7 @@ else:
     OPT = {"learning_rate": 1e-3, "eps": 1e-3, "warmup_steps": 0, "total_steps": 10, "weight_decay": 0.1}
     MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
 
-    def policy_batch(config: vla.VLAConfig, B: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
+    def policy_batch(config: policy_lib.PolicyConfig, B: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
         """Two frames, a short instruction, then an action reply; targets are the next tokens."""
         rs = np.random.RandomState(seed)
         base = config.base
@@ -81,9 +81,9 @@ else:
     def setup():
         tx, schedule = optimizer.make_optimizer(OPT)
         with nnx.use_eager_sharding(False):
-            host_state = state_lib.state_from_model(vla.VLAPolicy(CONFIG, rngs=nnx.Rngs(0)), tx)
+            host_state = state_lib.state_from_model(policy_lib.Policy(CONFIG, rngs=nnx.Rngs(0)), tx)
         batch = policy_batch(CONFIG)
-        train_step = step_lib.make_train_step(vla.action_loss, tx, schedule=schedule)
+        train_step = step_lib.make_train_step(policy_lib.action_loss, tx, schedule=schedule)
         rules = sharding.rules_for("fsdp_tensor")
         return host_state, batch, train_step, rules
 

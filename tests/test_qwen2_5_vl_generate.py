@@ -8,9 +8,10 @@ import torch
 from conftest import qwen_images, qwen_vision_block
 from flax import struct
 
-from histeve_jax.models.qwen2_5_vl import generate
+from histeve_jax.models.qwen2_5_vl import SamplingOptions, generate
 
 N_NEW = 10
+GREEDY = SamplingOptions(N_NEW)
 
 
 def _padded_prompts(cfg):
@@ -53,7 +54,7 @@ def test_greedy_generation_with_image_equals_transformers(qwen_tiny_dir, qwen_ti
     ids = np.asarray([[11, 12] + qwen_vision_block(cfg, grid[0], cfg.image_token_id) + [13, 14]])
     mask = np.ones_like(ids)
     ref = _hf_greedy(cfg, hf, ids, mask, pv, grid, N_NEW)
-    out = generate(qwen_tiny_flax, ids, mask, pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    out = generate(qwen_tiny_flax, ids, mask, pixel_values=pv, image_grid_thw=grid, options=GREEDY)
     np.testing.assert_array_equal(np.asarray(out.tokens), ref)
     np.testing.assert_array_equal(np.asarray(out.lengths), [N_NEW])
 
@@ -62,23 +63,24 @@ def test_greedy_padded_batch_equals_transformers_left_or_right_padded(qwen_tiny_
     cfg, hf, _ = qwen_tiny_dir
     ids, mask, pv, grid = padded
     ref = _hf_greedy(cfg, hf, ids, mask, pv, grid, N_NEW)
-    out = generate(qwen_tiny_flax, ids, mask, pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    out = generate(qwen_tiny_flax, ids, mask, pixel_values=pv, image_grid_thw=grid, options=GREEDY)
     np.testing.assert_array_equal(np.asarray(out.tokens), ref)
     # The same prompts right-padded give the same tokens (left-aligned inside the prefill).
     rids, rmask = np.zeros_like(ids), np.zeros_like(mask)
     for b in range(2):
         n = mask[b].sum()
         rids[b, :n], rmask[b, :n] = ids[b, -n:], 1
-    out_r = generate(qwen_tiny_flax, rids, rmask, pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    out_r = generate(qwen_tiny_flax, rids, rmask, pixel_values=pv, image_grid_thw=grid, options=GREEDY)
     np.testing.assert_array_equal(np.asarray(out_r.tokens), ref)
 
 
 def test_stop_token_ends_a_row_and_pads_it(qwen_tiny_flax, padded):
     ids, mask, pv, grid = padded
-    kw = dict(pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
-    greedy = np.asarray(generate(qwen_tiny_flax, ids, mask, **kw).tokens)
+    kw = dict(pixel_values=pv, image_grid_thw=grid)
+    greedy = np.asarray(generate(qwen_tiny_flax, ids, mask, options=GREEDY, **kw).tokens)
     stop = int(greedy[0, 2])
-    out = generate(qwen_tiny_flax, ids, mask, stop_token_ids=(stop,), pad_token_id=-1, **kw)
+    opts = SamplingOptions(N_NEW, stop_token_ids=(stop,), pad_token_id=-1)
+    out = generate(qwen_tiny_flax, ids, mask, options=opts, **kw)
     for b in range(2):
         hits = np.flatnonzero(greedy[b] == stop)
         n = hits[0] + 1 if hits.size else N_NEW
@@ -89,12 +91,14 @@ def test_stop_token_ends_a_row_and_pads_it(qwen_tiny_flax, padded):
 
 def test_tiny_top_p_sampling_equals_greedy(qwen_tiny_flax, padded):
     ids, mask, pv, grid = padded
-    kw = dict(pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
-    greedy = np.asarray(generate(qwen_tiny_flax, ids, mask, **kw).tokens)
-    out = generate(qwen_tiny_flax, ids, mask, temperature=1.0, top_p=1e-6, rng=jax.random.key(3), **kw)
+    kw = dict(pixel_values=pv, image_grid_thw=grid)
+    greedy = np.asarray(generate(qwen_tiny_flax, ids, mask, options=GREEDY, **kw).tokens)
+    out = generate(qwen_tiny_flax, ids, mask, options=SamplingOptions(N_NEW, temperature=1.0, top_p=1e-6),
+                   rng=jax.random.key(3), **kw)
     np.testing.assert_array_equal(np.asarray(out.tokens), greedy)
     # Full-temperature sampling (top_p = 1) departs from greedy on a random model.
-    hot = generate(qwen_tiny_flax, ids, mask, temperature=5.0, rng=jax.random.key(4), **kw)
+    hot = generate(qwen_tiny_flax, ids, mask, options=SamplingOptions(N_NEW, temperature=5.0),
+                   rng=jax.random.key(4), **kw)
     assert (np.asarray(hot.tokens) != greedy).any()
 
 
@@ -128,8 +132,7 @@ def test_constraint_mask_is_respected(qwen_tiny_dir, qwen_tiny_flax, padded, tem
         mask,
         pixel_values=pv,
         image_grid_thw=grid,
-        max_new_tokens=N_NEW,
-        temperature=temperature,
+        options=SamplingOptions(N_NEW, temperature=temperature),
         rng=jax.random.key(5),
         constraint=c,
     )
@@ -144,7 +147,7 @@ def test_sampler_reads_current_weights_and_refuses_a_replaced_graph(qwen_tiny_di
 
     model = load_hf(qwen_tiny_dir[2])  # our own copy: it is changed below
     ids, mask, pv, grid = padded
-    kw = dict(pixel_values=pv, image_grid_thw=grid, max_new_tokens=N_NEW)
+    kw = dict(pixel_values=pv, image_grid_thw=grid, options=GREEDY)
     sampler = Sampler(model)
     before = np.asarray(sampler(ids, mask, **kw).tokens)
     np.testing.assert_array_equal(before, np.asarray(generate(model, ids, mask, **kw).tokens))

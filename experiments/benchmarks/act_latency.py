@@ -1,8 +1,8 @@
-"""Per-step latency of the policy's ``act`` vs transformers' ``generate`` producing the same action tokens.
+"""Per-step latency of the policy's action sampling vs transformers' ``generate`` producing the same tokens.
 
 The tiny random Qwen2.5-VL (the tests' shape) as a HiSTEVE policy: one observation of 1 history frame + the
-current frame (112x112 each) and a short instruction, one action per step. Ours: ``vla.act`` (jitted
-prefill + KV-cached ``while_loop`` decoding under the action grammar). Theirs: the same weights in
+current frame (112x112 each) and a short instruction, one action per step. Ours: ``policy.ActionSampler``
+(jitted prefill + KV-cached ``while_loop`` decoding under the action grammar). Theirs: the same weights in
 ``Qwen2_5_VLForConditionalGeneration.generate`` with the same grammar as a ``LogitsProcessor``, greedy,
 stopping at the action's END token. Both get the same preprocessed pixels; the script checks the tokens
 are equal.
@@ -44,7 +44,7 @@ def main() -> None:
 
     from histeve_jax.actions import grammar as G
     from histeve_jax.data.image_processing import VisionPreprocessConfig, process_images
-    from histeve_jax.models.vla import VLAPolicy, act, decode_actions, grammar_of, tiny_config
+    from histeve_jax.policy import ActionSampler, Policy, decode_actions, grammar_of, tiny_config
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = tiny_config(history_frames=FRAMES - 1, image_size=SIZE)
@@ -53,7 +53,7 @@ def main() -> None:
     hf = Qwen2_5_VLForConditionalGeneration(HFConfig(**base.to_hf_dict())).eval()
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
-        policy = VLAPolicy.from_pretrained(d, config)
+        policy = Policy.from_pretrained(d, config)
     # Random action rows in the output layer, so greedy decoding produces varied, non-trivial actions.
     w = np.asarray(policy.model.lm_head[...]).copy()
     w[:, config.vocab.ids] = np.random.default_rng(0).standard_normal((w.shape[0], len(config.vocab.ids)))
@@ -97,7 +97,8 @@ def main() -> None:
             return out
 
     key = jax.random.key(0)
-    ours = lambda: act(policy, ids, am, pv, regime, key, greedy=True)
+    sampler = ActionSampler(policy)
+    ours = lambda: sampler(ids, am, pv, regime, key, greedy=True).tokens
     t_ids, t_am, t_pv = torch.tensor(ids).long(), torch.tensor(am).long(), torch.tensor(pv)
     t_grid = torch.tensor(grid).long()
 

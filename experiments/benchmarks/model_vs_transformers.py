@@ -26,7 +26,14 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, TextConfig, VisionConfig, generate, load_hf  # noqa: E402
+from histeve_jax.models.qwen2_5_vl import (  # noqa: E402
+    Qwen2_5_VLConfig,
+    SamplingOptions,
+    TextConfig,
+    VisionConfig,
+    generate,
+    load_hf,
+)
 from histeve_jax.models.qwen2_5_vl.rope import as_grid  # noqa: E402
 
 N_NEW = 32
@@ -191,7 +198,8 @@ def main() -> None:
             )
 
     def flax_gen():
-        out = generate(model, j_ids, None, pixel_values=j_pv, image_grid_thw=g, max_new_tokens=N_NEW)
+        out = generate(model, j_ids, None, pixel_values=j_pv, image_grid_thw=g,
+                       options=SamplingOptions(N_NEW))
         return np.asarray(out.tokens)
 
     same = (flax_gen() == torch_gen()[:, T:].numpy()).mean()

@@ -75,6 +75,9 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.kind = "tiny"  # "tiny": random qwen2_5_vl.tiny; "hf": Hugging Face directory hf_path
     c.model.hf_path = ""
+    # The base shape by name (train.setup.NAMED_BASES), used where no hf_path config.json is at hand (the
+    # AOT plan); with one, its config.json is the shape.
+    c.model.base = "tiny"
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = "none"
@@ -101,6 +104,7 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
         c.progress_bar = True
         c.model.kind = "hf"
         c.model.hf_path = "/mnt/models/Qwen2.5-VL-7B-Instruct"  # a save_pretrained directory
+        c.model.base = "qwen2_5_vl_7b"
         c.model.dtype = "bfloat16"
         c.model.param_dtype = "float32"
         c.model.remat = "full"

@@ -18,7 +18,7 @@ from histeve_jax.models.qwen2_5_vl.config import (
     qwen2_5_vl_7b,
     tiny,
 )
-from histeve_jax.models.qwen2_5_vl.generate import GenerateOutput, Sampler, generate
+from histeve_jax.models.qwen2_5_vl.generate import GenerateOutput, Sampler, SamplingOptions, generate
 from histeve_jax.models.qwen2_5_vl.model import Qwen2_5_VLModel
 from histeve_jax.models.qwen2_5_vl.rope import get_rope_index
 from histeve_jax.models.qwen2_5_vl.weights import load_hf, resize_token_embeddings, save_hf
@@ -27,6 +27,7 @@ __all__ = [
     "GenerateOutput",
     "generate",
     "Sampler",
+    "SamplingOptions",
     "Qwen2_5_VLConfig",
     "Qwen2_5_VLModel",
     "TextConfig",

@@ -4,15 +4,20 @@ Padding: left padding is the native layout (as HF's batched generation); right- 
 left-aligned inside the prefill (a stable sort of each row by its mask), so any padding works. During decode
 the M-RoPE positions continue from the last prompt position, + 1 per step on all three axes (HF's rule).
 
-`generate(model, ...)` is the one-off call. `Sampler(model)` is the same for repeated calls on one model
-(an actor's control loop): it walks the model's graph once, then each call reads the current weights from
-the model's own variables (so in-place updates — optimizer steps, `nnx.update`, `load_hf` — are seen) and
-runs a compiled program cached per graph and input shapes; the per-call Python work is a few dozen
-microseconds instead of a graph traversal and a hash of the graph.
+`Sampler(model)` is the object a caller creates and keeps (the Flax gemma example's shape): it walks the
+model's graph once, then each call reads the current weights from the model's own variables (so in-place
+updates — optimizer steps, `nnx.update` on a weight sync, `load_hf` — are seen) and runs a program
+compiled per graph and input shapes. `generate(model, ...)` is a one-off `Sampler(model)(...)`. What to
+sample is one `SamplingOptions`; the decode loop carries one `_SamplingState`.
+
+Each sampled token comes with its log-probability under the distribution it was drawn from: the logits
+masked by the constraint, divided by the temperature and restricted to the nucleus (greedy: the masked
+logits at temperature 1). RL's behaviour log-probabilities are exactly these.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -25,9 +30,74 @@ from histeve_jax.models.qwen2_5_vl.model import Qwen2_5_VLModel
 from histeve_jax.models.qwen2_5_vl.rope import as_grid
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+    """What to sample: ``max_new_tokens`` after the prompt, greedy when ``temperature == 0``, else
+    temperature + nucleus (``top_p``). A row ends after one of ``stop_token_ids``; later tokens are
+    ``pad_token_id``."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingOptions.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingOptions: temperature {self.temperature} must be >= 0 and top_p "
+                             f"{self.top_p} in (0, 1]")
+        object.__setattr__(self, "stop_token_ids", tuple(int(s) for s in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.temperature) == 0.0
+
+
 class GenerateOutput(NamedTuple):
     tokens: jax.Array  # [B, max_new_tokens], `pad_token_id` after a row stops
     lengths: jax.Array  # [B] tokens generated per row, its stop token included
+    logprobs: jax.Array  # [B, max_new_tokens] float32 log-probability of each sampled token; 0 after a stop
+
+
+class _Prompt(NamedTuple):
+    """The traced inputs of one call (None where absent)."""
+
+    input_ids: Any
+    attention_mask: Any
+    pixel_values: Any
+    pixel_values_videos: Any
+    second_per_grid_ts: Any
+    regime: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """What the program is compiled for, besides the graph and the input shapes."""
+
+    image_grid: tuple | None
+    video_grid: tuple | None
+    max_new: int
+    greedy: bool
+    stop_ids: tuple[int, ...]
+    pad_id: int
+    constraint: Any  # None, ("tree", treedef) or ("static", constraint)
+
+
+class _SamplingState(NamedTuple):
+    """The decode loop's carry."""
+
+    step: jax.Array  # tokens sampled so far
+    logits: jax.Array  # [B, V] float32, of the next token
+    cache: tuple[jax.Array, jax.Array]  # K, V: [L, B, S, K, D]
+    positions: jax.Array  # [3, B] M-RoPE position of the next token
+    constraint_state: Any
+    rng: jax.Array
+    done: jax.Array  # [B] bool
+    tokens: jax.Array  # [B, max_new] int32
+    logprobs: jax.Array  # [B, max_new] float32
+    lengths: jax.Array  # [B] int32
 
 
 def sample_token(
@@ -36,10 +106,13 @@ def sample_token(
     temperature: jax.Array | float,
     top_p: jax.Array | float,
     greedy: bool,
-) -> jax.Array:
-    """Greedy argmax, or temperature + nucleus (top-p) sampling; logits [B, V] float32."""
+) -> tuple[jax.Array, jax.Array]:
+    """(token [B] int32, its log-probability [B]): greedy argmax, or temperature + nucleus (top-p) sampling;
+    logits [B, V] float32 (-inf where not allowed)."""
     if greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
     lg = logits / jnp.maximum(temperature, 1e-6)
     order = jnp.argsort(-lg, axis=-1)
     sorted_lg = jnp.take_along_axis(lg, order, axis=-1)
@@ -49,7 +122,8 @@ def sample_token(
     drop = drop.at[:, 0].set(False)
     sorted_lg = jnp.where(drop, -jnp.inf, sorted_lg)
     choice = jax.random.categorical(rng, sorted_lg, axis=-1)
-    return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(sorted_lg, axis=-1), choice[:, None], axis=-1)[:, 0]
+    return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32), logp
 
 
 def _left_align(ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -57,145 +131,87 @@ def _left_align(ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(ids, order, -1), jnp.take_along_axis(mask, order, -1)
 
 
-def _prefill(model: Qwen2_5_VLModel, ids, mask, pv, pvv, spg, regime, *, igrid, vgrid, max_new):
+def _prefill(model: Qwen2_5_VLModel, prompt: _Prompt, static: _Static):
     """The prompt through the model, filling a [L, B, T + max_new, K, D] cache; logits of the last token."""
     cfg = model.config
-    ids, mask = _left_align(ids, mask)
+    ids, mask = _left_align(prompt.input_ids, prompt.attention_mask)
     B, T = ids.shape
-    S = T + max_new
-    x = model.embed(ids, pixel_values=pv, image_grid_thw=igrid, pixel_values_videos=pvv, video_grid_thw=vgrid)
-    pos, _ = model.position_ids(ids, mask, igrid, vgrid, spg)
+    S = T + static.max_new
+    igrid, vgrid = static.image_grid, static.video_grid
+    x = model.embed(ids, pixel_values=prompt.pixel_values, image_grid_thw=igrid,
+                    pixel_values_videos=prompt.pixel_values_videos, video_grid_thw=vgrid)
+    pos, _ = model.position_ids(ids, mask, igrid, vgrid, prompt.second_per_grid_ts)
     t = cfg.text
     shape = (t.num_hidden_layers, B, S, t.num_key_value_heads, t.head_dim)
     cache = (jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
-    kv_valid = jnp.concatenate([mask.astype(bool), jnp.ones((B, max_new), bool)], axis=1)  # [B, S]
+    kv_valid = jnp.concatenate([mask.astype(bool), jnp.ones((B, static.max_new), bool)], axis=1)  # [B, S]
     causal = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]  # [T, S]
     h, cache = model.decode(
-        x, pos, causal[None] & kv_valid[:, None], regime=regime, cache=cache, cache_index=0
+        x, pos, causal[None] & kv_valid[:, None], regime=prompt.regime, cache=cache, cache_index=0
     )
     logits = model.logits(h[:, -1]).astype(jnp.float32)
     return logits, cache, pos[:, :, -1] + 1, kv_valid
 
 
-def _decode_loop(
-    model: Qwen2_5_VLModel,
-    logits,
-    cache,
-    pos,
-    kv_valid,
-    regime,
-    rng,
-    temperature,
-    top_p,
-    constraint,
-    *,
-    prompt_len,
-    max_new,
-    greedy,
-    stop_ids,
-    pad_id,
-):
-    """Sample, feed back, repeat until every row has stopped or `max_new` tokens are out."""
-    B = logits.shape[0]
+def _decode_loop(model, state: _SamplingState, kv_valid, prompt: _Prompt, temperature, top_p, constraint,
+                 static: _Static) -> _SamplingState:
+    """Sample, feed back, repeat until every row has stopped or ``max_new`` tokens are out."""
     S = kv_valid.shape[1]
-    cstate = constraint.init(B) if constraint is not None else ()
-    stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+    prompt_len = prompt.input_ids.shape[1]
+    stop = jnp.asarray(static.stop_ids or (-1,), jnp.int32)
 
-    def cond(c):
-        i, *_, done, _, _ = c
-        return (i < max_new) & ~jnp.all(done)
+    def cond(s: _SamplingState) -> jax.Array:
+        return (s.step < static.max_new) & ~jnp.all(s.done)
 
-    def body(c):
-        i, logits, cache, pos, cstate, rng, done, out, lengths = c
+    def body(s: _SamplingState) -> _SamplingState:
+        logits, cstate = s.logits, s.constraint_state
         if constraint is not None:
             logits = jnp.where(constraint.mask(cstate), logits, -jnp.inf)
-        rng, sub = jax.random.split(rng)
-        tok = sample_token(logits, sub, temperature, top_p, greedy)
-        tok = jnp.where(done, pad_id, tok)
-        out = jax.lax.dynamic_update_slice(out, tok[:, None], (0, i))
-        lengths = lengths + (~done).astype(jnp.int32)
+        rng, sub = jax.random.split(s.rng)
+        tok, logp = sample_token(logits, sub, temperature, top_p, static.greedy)
+        tok = jnp.where(s.done, static.pad_id, tok)
+        logp = jnp.where(s.done, 0.0, logp)
+        tokens = jax.lax.dynamic_update_slice(s.tokens, tok[:, None], (0, s.step))
+        logprobs = jax.lax.dynamic_update_slice(s.logprobs, logp[:, None], (0, s.step))
+        lengths = s.lengths + (~s.done).astype(jnp.int32)
         if constraint is not None:
             cstate = constraint.update(cstate, tok)
-        done = done | jnp.isin(tok, stop)
-        slot = prompt_len + i
+        done = s.done | jnp.isin(tok, stop)
+        slot = prompt_len + s.step
         mask = (kv_valid & (jnp.arange(S)[None, :] <= slot))[:, None, :]  # [B, 1, S]
         x = model.language_model.embed_tokens(tok[:, None])
-        h, cache = model.decode(x, pos[:, :, None], mask, regime=regime, cache=cache, cache_index=slot)
+        h, cache = model.decode(x, s.positions[:, :, None], mask, regime=prompt.regime, cache=s.cache,
+                                cache_index=slot)
         logits = model.logits(h[:, 0]).astype(jnp.float32)
-        return i + 1, logits, cache, pos + 1, cstate, rng, done, out, lengths
+        return _SamplingState(s.step + 1, logits, cache, s.positions + 1, cstate, rng, done, tokens, logprobs,
+                              lengths)
 
-    init = (
-        jnp.int32(0),
-        logits,
-        cache,
-        pos,
-        cstate,
-        rng,
-        jnp.zeros((B,), bool),
-        jnp.full((B, max_new), pad_id, jnp.int32),
-        jnp.zeros((B,), jnp.int32),
-    )
-    *_, out, lengths = jax.lax.while_loop(cond, body, init)
-    return out, lengths
+    return jax.lax.while_loop(cond, body, state)
 
 
-def _program(
-    graphdef,
-    paths,
-    weights,
-    ids,
-    mask,
-    pv,
-    pvv,
-    spg,
-    regime,
-    rng,
-    temperature,
-    top_p,
-    c_leaves,
-    *,
-    igrid,
-    vgrid,
-    max_new,
-    greedy,
-    stop_ids,
-    pad_id,
-    c_static,
-):
+def _program(graphdef, paths, weights, prompt: _Prompt, rng, temperature, top_p, c_leaves, *,
+             static: _Static) -> GenerateOutput:
     model: Qwen2_5_VLModel = nnx.merge(graphdef, nnx.from_flat_state(list(zip(paths, weights, strict=True))))
     constraint = None
-    if c_static is not None:
-        kind, payload = c_static
+    if static.constraint is not None:
+        kind, payload = static.constraint
         constraint = jax.tree.unflatten(payload, c_leaves) if kind == "tree" else payload
-    logits, cache, pos, kv_valid = _prefill(
-        model, ids, mask, pv, pvv, spg, regime, igrid=igrid, vgrid=vgrid, max_new=max_new
+    logits, cache, pos, kv_valid = _prefill(model, prompt, static)
+    B, N = logits.shape[0], static.max_new
+    init = _SamplingState(
+        step=jnp.int32(0), logits=logits, cache=cache, positions=pos,
+        constraint_state=constraint.init(B) if constraint is not None else (), rng=rng,
+        done=jnp.zeros((B,), bool), tokens=jnp.full((B, N), static.pad_id, jnp.int32),
+        logprobs=jnp.zeros((B, N), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
     )
-    return _decode_loop(
-        model,
-        logits,
-        cache,
-        pos,
-        kv_valid,
-        regime,
-        rng,
-        temperature,
-        top_p,
-        constraint,
-        prompt_len=ids.shape[1],
-        max_new=max_new,
-        greedy=greedy,
-        stop_ids=stop_ids,
-        pad_id=pad_id,
-    )
-
-
-_STATIC = ("igrid", "vgrid", "max_new", "greedy", "stop_ids", "pad_id", "c_static")
+    final = _decode_loop(model, init, kv_valid, prompt, temperature, top_p, constraint, static)
+    return GenerateOutput(final.tokens, final.lengths, final.logprobs)
 
 
 @functools.lru_cache(maxsize=16)
 def _compiled(graphdef, paths: tuple) -> Any:
     """One jitted program per model graph (hashed once here, not on every call)."""
-    return jax.jit(functools.partial(_program, graphdef, paths), static_argnames=_STATIC)
+    return jax.jit(functools.partial(_program, graphdef, paths), static_argnames=("static",))
 
 
 def _split_constraint(constraint: Any) -> tuple[Any, list]:
@@ -222,8 +238,7 @@ def as_input(x: Any, dtype: Any) -> Any:
 
 
 class Sampler:
-    """`generate` for repeated calls on one model: ``Sampler(model)(input_ids, ...)`` takes `generate`'s
-    arguments after the model.
+    """Sampling for repeated calls on one model: ``Sampler(model)(input_ids, mask, options=..., ...)``.
 
     Weights are read from the model's variables on every call, so in-place updates are seen. The graph
     (which modules and variables there are, and the model's config) is taken once: after replacing a
@@ -268,89 +283,38 @@ class Sampler:
         input_ids: jax.Array,
         attention_mask: jax.Array | None = None,
         *,
+        options: SamplingOptions,
         pixel_values: jax.Array | None = None,
         image_grid_thw: Any = None,
         pixel_values_videos: jax.Array | None = None,
         video_grid_thw: Any = None,
         second_per_grid_ts: jax.Array | None = None,
         regime: jax.Array | None = None,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop_token_ids: tuple[int, ...] | list[int] = (),
         rng: jax.Array | None = None,
         constraint: Any = None,
-        pad_token_id: int = 0,
     ) -> GenerateOutput:
+        """Sample after [B, T] prompts (inputs as the HF processor produces them; ``regime`` [B] selects the
+        RS-Norm row). ``constraint`` (optional) has pure-jnp ``init(B) -> state``, ``mask(state) -> bool
+        [B, V]`` (allowed tokens) and ``update(state, token) -> state``."""
         ids = as_input(input_ids, np.int32)
         mask = np.ones(ids.shape, np.int32) if attention_mask is None else as_input(attention_mask, np.int32)
-        igrid, vgrid = as_grid(image_grid_thw, "image_grid_thw"), as_grid(video_grid_thw, "video_grid_thw")
-        greedy = float(temperature) == 0.0
         if rng is None:
-            if not greedy:
-                raise ValueError("generate: sampling (temperature > 0) needs rng=")
+            if not options.greedy:
+                raise ValueError("Sampler: sampling (temperature > 0) needs rng=")
             rng = jax.random.key(0)
         c_static, c_leaves = _split_constraint(constraint)
-        out, lengths = self._run(
-            self.weights(),
-            ids,
-            mask,
-            pixel_values,
-            pixel_values_videos,
-            second_per_grid_ts,
-            regime,
-            rng,
-            np.float32(temperature),
-            np.float32(top_p),
-            c_leaves,
-            igrid=igrid,
-            vgrid=vgrid,
-            max_new=int(max_new_tokens),
-            greedy=greedy,
-            stop_ids=tuple(int(s) for s in stop_token_ids),
-            pad_id=int(pad_token_id),
-            c_static=c_static,
+        static = _Static(
+            image_grid=as_grid(image_grid_thw, "image_grid_thw"),
+            video_grid=as_grid(video_grid_thw, "video_grid_thw"),
+            max_new=int(options.max_new_tokens), greedy=options.greedy, stop_ids=options.stop_token_ids,
+            pad_id=int(options.pad_token_id), constraint=c_static,
         )
-        return GenerateOutput(out, lengths)
+        prompt = _Prompt(ids, mask, pixel_values, pixel_values_videos, second_per_grid_ts, regime)
+        return self._run(self.weights(), prompt, rng, np.float32(options.temperature),
+                         np.float32(options.top_p), c_leaves, static=static)
 
 
-def generate(
-    model: Qwen2_5_VLModel,
-    input_ids: jax.Array,
-    attention_mask: jax.Array | None = None,
-    *,
-    pixel_values: jax.Array | None = None,
-    image_grid_thw: Any = None,
-    pixel_values_videos: jax.Array | None = None,
-    video_grid_thw: Any = None,
-    second_per_grid_ts: jax.Array | None = None,
-    regime: jax.Array | None = None,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    stop_token_ids: tuple[int, ...] | list[int] = (),
-    rng: jax.Array | None = None,
-    constraint: Any = None,
-    pad_token_id: int = 0,
-) -> GenerateOutput:
-    """Samples `max_new_tokens` after the prompt (greedy when temperature == 0). A row ends after it emits
-    one of `stop_token_ids`; its later tokens are `pad_token_id`. `constraint` (optional) has pure-jnp
-    `init(B) -> state`, `mask(state) -> bool [B, V]` (allowed tokens), `update(state, token) -> state`.
-    For many calls on one model, keep a `Sampler` (same arguments, without the model)."""
-    return Sampler(model)(
-        input_ids,
-        attention_mask,
-        pixel_values=pixel_values,
-        image_grid_thw=image_grid_thw,
-        pixel_values_videos=pixel_values_videos,
-        video_grid_thw=video_grid_thw,
-        second_per_grid_ts=second_per_grid_ts,
-        regime=regime,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        stop_token_ids=stop_token_ids,
-        rng=rng,
-        constraint=constraint,
-        pad_token_id=pad_token_id,
-    )
+def generate(model: Qwen2_5_VLModel, *args: Any, **kwargs: Any) -> GenerateOutput:
+    """A one-off ``Sampler(model)(*args, **kwargs)`` (see :meth:`Sampler.__call__`); keep a ``Sampler`` for
+    repeated calls on one model."""
+    return Sampler(model)(*args, **kwargs)

@@ -13,23 +13,23 @@ from conftest import qwen_images, qwen_vision_block
 from flax import nnx
 
 from histeve_jax.actions import Regime
+from histeve_jax.losses import masked_cross_entropy
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, qwen2_5_vl_7b, tiny
-from histeve_jax.models.vla import VLAConfig, VLAPolicy, action_loss, tiny_config
-from histeve_jax.train.losses import masked_cross_entropy
+from histeve_jax.policy import Policy, PolicyConfig, action_loss, tiny_config
 
 IM_END = 7  # stands in for <|im_end|> in the tiny model's vocabulary
 
 
 @pytest.fixture(scope="module")
 def policy(qwen_tiny_dir):
-    return VLAPolicy.from_pretrained(qwen_tiny_dir[2], tiny_config())
+    return Policy.from_pretrained(qwen_tiny_dir[2], tiny_config())
 
 
 def _n_params(module) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
-def make_batch(config: VLAConfig, actions, regimes, seed: int = 0, text_len: int = 5):
+def make_batch(config: PolicyConfig, actions, regimes, seed: int = 0, text_len: int = 5):
     """A right-padded training batch: frames, instruction -> action tokens + <|im_end|> (Featurize's)."""
     base = config.base
     rng = np.random.default_rng(seed)
@@ -115,12 +115,12 @@ def test_action_rows_start_near_the_mean_and_distinct(policy):
     ],
 )
 def test_rs_norm_adds_2Ld_params(base, resized_rows):
-    config = VLAConfig(base=base, action_token_base=151665 if base.text.vocab_size > 1000 else 304)
+    config = PolicyConfig(base=base, action_token_base=151665 if base.text.vocab_size > 1000 else 304)
     if resized_rows:
         config = tiny_config(base=base)
     L, d = base.text.num_hidden_layers, base.text.hidden_size
     n_base = _n_params(nnx.eval_shape(lambda: Qwen2_5_VLModel(base, rngs=nnx.Rngs(0))))
-    n_policy = _n_params(nnx.eval_shape(lambda: VLAPolicy(config, rngs=nnx.Rngs(0))))
+    n_policy = _n_params(nnx.eval_shape(lambda: Policy(config, rngs=nnx.Rngs(0))))
     tables = 1 if base.tie_word_embeddings else 2
     assert n_policy - n_base == 2 * L * d + tables * resized_rows * d
 

@@ -1,7 +1,8 @@
-"""The stage entry points end to end on the tiny variant: the loss falls, a killed run resumed from its
+"""The train library end to end on the tiny variant: the loss falls, a killed run resumed from its
 checkpoint continues exactly as an uninterrupted one, init_from carries a stage's weights, configs reject
-unknown keys."""
+unknown keys, the entry points read them."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -12,9 +13,20 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import train_loop
 from experiments.configs import imitation, world_knowledge
 from histeve_jax.data import synthetic
+from histeve_jax.parallel import mesh as mesh_lib
+from histeve_jax.parallel import sharding as sharding_lib
+from histeve_jax.policy import Policy
+from histeve_jax.train import data as data_lib
+from histeve_jax.train import loop, setup
+from histeve_jax.train import optimizer as optimizer_lib
+from histeve_jax.train.checkpoint import Checkpointer
+from histeve_jax.train.specs import RunSpec
+
+
+def _train(config, workdir):
+    return loop.train(RunSpec.from_config(config, workdir))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,10 +68,10 @@ def _losses(history, steps):
 
 
 def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monkeypatch):
-    whole = train_loop.train(_config(demo_dirs), str(tmp_path / "whole"))
-    first = train_loop.train(_config(demo_dirs, stop_at_step=12), str(tmp_path / "killed"))
+    whole = _train(_config(demo_dirs), str(tmp_path / "whole"))
+    first = _train(_config(demo_dirs, stop_at_step=12), str(tmp_path / "killed"))
     # the kill lost steps 9-12 (the last checkpoint is step 8); the restart redoes them from step 8
-    second = train_loop.train(_config(demo_dirs), str(tmp_path / "killed"))
+    second = _train(_config(demo_dirs), str(tmp_path / "killed"))
     assert sorted(second) == list(range(9, 25))
     np.testing.assert_array_equal(_losses(first, range(1, 13)), _losses(whole, range(1, 13)))
     np.testing.assert_array_equal(_losses(second, range(9, 25)), _losses(whole, range(9, 25)))
@@ -72,14 +84,14 @@ def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monk
     assert sorted(os.listdir(tmp_path / "whole" / "checkpoints")) == ["16", "24", "8"]
 
     # init_from: a new stage starts from this run's final weights, with a fresh step and optimizer
-    c = _config(demo_dirs, init_from=str(tmp_path / "whole"))
-    cfg = train_loop.vla_config(c)
-    tx, _ = train_loop.optimizer_lib.make_optimizer(c.optimizer)
-    mesh = train_loop.mesh_lib.mesh_from_config(c.mesh)
-    rules = train_loop.sharding_lib.rules_for(c.sharding)
-    fresh = train_loop.Checkpointer(str(tmp_path / "stage2" / "checkpoints"), async_save=False)
-    state, _, data_state = train_loop.build_state(c, cfg, tx, mesh, rules, fresh)
-    done = train_loop.Checkpointer(str(tmp_path / "whole" / "checkpoints"), async_save=False)
+    spec = RunSpec.from_config(_config(demo_dirs, init_from=str(tmp_path / "whole")), str(tmp_path / "s2"))
+    stage = setup.policy_stage(spec)
+    tx, _ = optimizer_lib.make_optimizer(spec.optimizer)
+    mesh = mesh_lib.mesh_from_config(spec.mesh)
+    rules = sharding_lib.rules_for(spec.sharding)
+    fresh = Checkpointer(str(tmp_path / "stage2" / "checkpoints"), async_save=False)
+    state, _, data_state = setup.build_state(spec, stage, tx, mesh, rules, fresh)
+    done = Checkpointer(str(tmp_path / "whole" / "checkpoints"), async_save=False)
     final, _, _ = done.restore(state)
     assert int(state.step) == 0 and data_state is None
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params), strict=True):
@@ -91,10 +103,10 @@ def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monk
     def no_read(*a, **k):
         raise AssertionError("init_from run read the Hugging Face weights")
 
-    monkeypatch.setattr(train_loop.vla.VLAPolicy, "from_pretrained", no_read)
-    c.model.kind = "hf"
-    with train_loop.Checkpointer(str(tmp_path / "stage2_hf" / "checkpoints"), async_save=False) as ck:
-        state, _, _ = train_loop.build_state(c, cfg, tx, mesh, rules, ck)
+    monkeypatch.setattr(Policy, "from_pretrained", no_read)
+    hf_stage = dataclasses.replace(stage, pretrained=lambda mesh, rules: Policy.from_pretrained())
+    with Checkpointer(str(tmp_path / "stage2_hf" / "checkpoints"), async_save=False) as ck:
+        state, _, _ = setup.build_state(spec, hf_stage, tx, mesh, rules, ck)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -117,7 +129,7 @@ def test_config_overrides_and_unknown_keys():
     m = _parse(["--config.mesh.dcn.data=2"], path + ":tiny").mesh
     assert dict(m.dcn) == {"data": 2, "fsdp": 1, "tensor": 1}
     with pytest.raises(ValueError, match="mesh.dcn"):
-        train_loop.mesh_lib.mesh_from_config(m, jax.devices()[:1])  # 1 device cannot form 2 slices
+        mesh_lib.mesh_from_config(m, jax.devices()[:1])  # 1 device cannot form 2 slices
     with pytest.raises(Exception, match="no_such_key"):
         _parse(["--config.data.no_such_key=1"], path + ":tiny")
     q = _parse([], path + ":qwen7b")
@@ -131,7 +143,26 @@ def test_hf_variant_without_a_checkpoint_is_a_clear_error():
     c = imitation.get_config("qwen7b")
     c.model.hf_path = "/nonexistent/Qwen2.5-VL-7B"
     with pytest.raises(FileNotFoundError, match="hf_path"):
-        train_loop.vla_config(c)
+        setup.policy_config(RunSpec.from_config(c))
+    # The plan needs no checkpoint: the named base gives the shape.
+    assert setup.policy_config(RunSpec.from_config(c), named_base=True).base.text.hidden_size == 3584
+
+
+def test_run_spec_names_a_missing_or_unknown_field():
+    c = imitation.get_config("tiny")
+    with c.unlocked():
+        del c.data["stride"]
+    with pytest.raises(ValueError, match=r"config\.data\.stride"):
+        RunSpec.from_config(c)
+    c = imitation.get_config("tiny")
+    with c.unlocked():
+        c.model.dtpye = "float32"
+    with pytest.raises(ValueError, match=r"config\.model\.dtpye"):
+        RunSpec.from_config(c)
+    c = imitation.get_config("tiny")
+    c.data.image_size = (56, "x")
+    with pytest.raises(ValueError, match=r"config\.data\.image_size"):
+        RunSpec.from_config(c)
 
 
 def test_recorded_demos_split_holds_out_the_last_episode_of_each_task(tmp_path):
@@ -143,7 +174,7 @@ def test_recorded_demos_split_holds_out_the_last_episode_of_each_task(tmp_path):
         for r in ep:
             r.task_id = ("craft_planks", "place_dirt")[i % 2]
     R.write_episodes(tmp_path / "rec", eps)
-    counts = train_loop.split_by_task(str(tmp_path / "rec"), str(tmp_path / "tr"), str(tmp_path / "ev"))
+    counts = data_lib.split_by_task(str(tmp_path / "rec"), str(tmp_path / "tr"), str(tmp_path / "ev"))
     assert counts == (3, 2)
     held = {r.episode_id for p in R.shard_paths(tmp_path / "ev") for r in R.read_shard(p)}
     kept = {r.episode_id for p in R.shard_paths(tmp_path / "tr") for r in R.read_shard(p)}
@@ -165,9 +196,8 @@ def test_unknown_config_key_on_the_command_line_names_it():
 @pytest.mark.parametrize("stage", [imitation, world_knowledge])
 @pytest.mark.parametrize("variant", ["tiny", "qwen7b"])
 def test_every_variant_builds_its_optimizer_and_splits_its_batch(stage, variant):
-    from histeve_jax.train import optimizer as optimizer_lib
-
     c = stage.get_config(variant)
+    RunSpec.from_config(c)  # every field the library reads is there, and none it does not know
     optimizer_lib.make_optimizer(c.optimizer)  # raises on an invalid schedule (e.g. fewer steps than warm-up)
     assert c.optimizer.warmup_steps < c.num_train_steps
     assert c.data.batch_size % c.microbatches == 0
@@ -177,7 +207,7 @@ def test_sigterm_sets_the_preemption_flag_and_the_old_handler_comes_back():
     import signal
 
     before = signal.getsignal(signal.SIGTERM)
-    preempted = train_loop._Preempted()
+    preempted = loop.Preemption()
     assert signal.getsignal(signal.SIGTERM) != before and not preempted.flag
     os.kill(os.getpid(), signal.SIGTERM)
     assert preempted.flag
@@ -186,23 +216,24 @@ def test_sigterm_sets_the_preemption_flag_and_the_old_handler_comes_back():
 
 
 def test_a_host_without_its_own_data_state_is_an_error_not_host_0s_position(tmp_path, monkeypatch):
-    assert train_loop._load_data_state(str(tmp_path), 8, {"from": "checkpoint"}) == {"from": "checkpoint"}
-    monkeypatch.setattr(train_loop.jax, "process_count", lambda: 2)
+    load = data_lib.load_host_iterator_state
+    assert load(str(tmp_path), 8, {"from": "checkpoint"}) == {"from": "checkpoint"}
+    monkeypatch.setattr(data_lib.jax, "process_count", lambda: 2)
     with pytest.raises(FileNotFoundError, match="process_0.json"):
-        train_loop._load_data_state(str(tmp_path), 8, {"from": "checkpoint"})
-    train_loop._save_data_state(str(tmp_path), 8, {"from": "host"}, keep=3)
-    assert train_loop._load_data_state(str(tmp_path), 8, None) == {"from": "host"}
+        load(str(tmp_path), 8, {"from": "checkpoint"})
+    data_lib.save_host_iterator_state(str(tmp_path), 8, {"from": "host"}, keep=3)
+    assert load(str(tmp_path), 8, None) == {"from": "host"}
 
 
 def test_eval_on_several_hosts_never_runs_out_before_eval_batches(demo_dirs, monkeypatch):
     import itertools
 
-    c = _config(demo_dirs)
-    cfg = train_loop.vla_config(c)
-    one_pass = sum(1 for _ in train_loop.make_iterator(demo_dirs[1], c, cfg, train=False))
+    spec = RunSpec.from_config(_config(demo_dirs))
+    features = setup.policy_stage(spec).features
+    one_pass = sum(1 for _ in data_lib.make_iterator(demo_dirs[1], spec.data, features, train=False))
     assert one_pass == 24 // 4  # 2 episodes x 12 steps, batches of 4
-    monkeypatch.setattr(train_loop.jax, "process_count", lambda: 2)
-    it = train_loop.make_iterator(demo_dirs[1], c, cfg, train=False)  # this host: 12 records, batches of 2
+    monkeypatch.setattr(data_lib.jax, "process_count", lambda: 2)
+    it = data_lib.make_iterator(demo_dirs[1], spec.data, features, train=False)  # 12 records, batches of 2
     assert len(list(itertools.islice(it, 10))) == 10  # more than its one pass of 6
 
 
@@ -212,8 +243,8 @@ def test_without_train_dirs_the_run_generates_its_data_once(tmp_path):
     c = imitation.get_config("tiny")
     c.data.generate = "synthetic"
     c.synthetic.train_size, c.synthetic.eval_size, c.synthetic.length = 2, 1, 4
-    train, evald = train_loop.data_dirs(c, str(tmp_path))
+    train, evald = data_lib.data_dirs(RunSpec.from_config(c, str(tmp_path)))
     assert train == [str(tmp_path / "data" / "train")] and evald == [str(tmp_path / "data" / "eval")]
     assert sum(1 for p in R.shard_paths(train[0]) for _ in R.read_shard(p)) == 2 * 4
     c.data.eval_dirs = "/given/eval"
-    assert train_loop.data_dirs(c, str(tmp_path)) == (train, ["/given/eval"])
+    assert data_lib.data_dirs(RunSpec.from_config(c, str(tmp_path))) == (train, ["/given/eval"])

@@ -1,4 +1,4 @@
-"""``act``: KV-cached constrained decoding gives well-formed actions of the requested regime."""
+"""``ActionSampler``: KV-cached constrained decoding gives well-formed actions of the requested regime."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from flax import nnx
 
 from histeve_jax.actions import ENV_KEYS, Regime
 from histeve_jax.actions import grammar as G
-from histeve_jax.models.vla import VLAPolicy, act, decode_actions, grammar_of, tiny_config
+from histeve_jax.policy import ActionSampler, Policy, decode_actions, grammar_of, tiny_config
 
 
 def make_prompts(config, regimes, seed: int = 0):
-    """Left-padded prompts: F frames then an instruction of varying length (as act expects)."""
+    """Left-padded prompts: F frames then an instruction of varying length (as the sampler expects)."""
     base = config.base
     rng = np.random.default_rng(seed)
     n = len(regimes)
@@ -37,16 +37,26 @@ def make_prompts(config, regimes, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def policy():
-    return VLAPolicy(tiny_config(history_frames=1), rngs=nnx.Rngs(0))
+    """Shared by the tests of this module, so none of them changes its weights."""
+    return Policy(tiny_config(history_frames=1), rngs=nnx.Rngs(0))
+
+
+def with_random_action_rows(policy, seed: int):
+    """Varied greedy actions: random action rows in the lm_head (in place)."""
+    w = np.asarray(policy.model.lm_head[...]).copy()
+    ids = policy.config.vocab.ids
+    w[:, ids] = np.random.default_rng(seed).standard_normal((w.shape[0], len(ids))) * 0.5
+    policy.model.lm_head.set_value(jnp.asarray(w))
+    return policy
 
 
 def test_1000_sampled_actions_are_valid_in_the_requested_regime(policy):
     regimes = np.arange(250) % 2
     ids, am, pv = make_prompts(policy.config, regimes)
     # 4 x 250 rows (one compiled shape), 1000 actions in all.
-    tokens = np.concatenate(
-        [act(policy, ids, am, pv, regimes, jax.random.key(k), temperature=1.0) for k in range(4)]
-    )
+    sampler = ActionSampler(policy)
+    samples = [sampler(ids, am, pv, regimes, jax.random.key(k), temperature=1.0) for k in range(4)]
+    tokens = np.concatenate([s.tokens for s in samples])
     regimes = np.tile(regimes, 4)
     decoded = decode_actions(policy.config, tokens)  # raises on any malformed row
     assert [int(r) for _, r in decoded] == regimes.tolist()
@@ -64,16 +74,14 @@ def test_1000_sampled_actions_are_valid_in_the_requested_regime(policy):
     assert "<|act_inventory|>" in used
 
 
-def test_greedy_act_equals_uncached_decoding(policy):
+def test_greedy_act_equals_uncached_decoding():
     """The KV cache and the decode positions (left padding, M-RoPE) give the full forward's argmax."""
+    policy = with_random_action_rows(Policy(tiny_config(history_frames=1), rngs=nnx.Rngs(0)), seed=0)
     regimes = np.array([0, 1, 1, 0])
     ids, am, pv = make_prompts(policy.config, regimes, seed=5)
-    # Make greedy decoding non-trivial: random action rows in the lm_head.
     model = policy.model
-    w = np.asarray(model.lm_head[...]).copy()
-    w[:, policy.config.vocab.ids] = np.random.default_rng(0).standard_normal((w.shape[0], 63)) * 0.5
-    model.lm_head.set_value(jnp.asarray(w))
-    tokens = act(policy, ids, am, pv, regimes, jax.random.key(0), greedy=True)
+    sampler = ActionSampler(policy)
+    tokens = sampler(ids, am, pv, regimes, jax.random.key(0), greedy=True).tokens
     g = grammar_of(policy.config)
     grid = policy.config.image_grid(len(regimes) * policy.config.num_frames)
     graphdef, params = nnx.split(model)
@@ -107,7 +115,7 @@ def test_greedy_act_equals_uncached_decoding(policy):
     for b in range(B):
         n = int(am[b].sum())
         right_ids[b, :n], right_am[b, :n] = ids[b, T - n :], 1
-    right = act(policy, right_ids, right_am, pv, regimes, jax.random.key(0), greedy=True)
+    right = sampler(right_ids, right_am, pv, regimes, jax.random.key(0), greedy=True).tokens
     np.testing.assert_array_equal(right, tokens)
 
 
@@ -116,7 +124,7 @@ def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
     from histeve_jax.data import records
     from histeve_jax.data.pipeline import CompactVocab, FeatureSpec, Featurize
     from histeve_jax.models.qwen2_5_vl import qwen2_5_vl_7b
-    from histeve_jax.models.vla import VLAConfig, act_on_observations, observation_inputs, policy_processor
+    from histeve_jax.policy import PolicyConfig, observation_inputs, policy_processor
 
     config = policy.config
     compact = CompactVocab()
@@ -134,7 +142,8 @@ def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
                                                                       for f in frames]}))
         observations.append((frames, text))
     tok = featurize._processor.tokenizer
-    VLAConfig(base=qwen2_5_vl_7b(), codebook=config.codebook).check_tokenizer(tok)  # ids right after Qwen's
+    # Qwen's own table: the action ids come right after the tokenizer's.
+    PolicyConfig(base=qwen2_5_vl_7b(), codebook=config.codebook).check_tokenizer(tok)
     with pytest.raises(ValueError, match="action_token_base is 320"):
         policy.check_tokenizer(tok)  # the tiny table's ids differ: only the pipeline's remap reaches them
     processor = policy_processor(config, tok)
@@ -147,34 +156,55 @@ def test_observation_prompt_is_the_pipelines_training_prompt_and_acts(policy):
         np.testing.assert_array_equal(prompt, sample["input_ids"][:n_prompt])
     np.testing.assert_array_equal(inputs["pixel_values"],
                                   np.concatenate([s["pixel_values"] for s in samples]))
-    out = act_on_observations(policy, processor, observations, [{"is_gui_open": False}, {"isGuiOpen": True}],
-                              jax.random.key(1), id_map=table)
-    assert [r for _, r in out] == [Regime.NG, Regime.GUI]
-    assert all(set(a) == set(ENV_KEYS) and a["camera"].shape == (2,) for a, _ in out)
+    out = ActionSampler(policy).sample(processor, observations, [{"is_gui_open": False}, {"isGuiOpen": True}],
+                                       jax.random.key(1), id_map=table)
+    assert [o.regime for o in out] == [Regime.NG, Regime.GUI]
+    assert all(set(o.action) == set(ENV_KEYS) and o.action["camera"].shape == (2,) for o in out)
+    # Each row's tokens end with END and decode to its action; log-probs are of the sampled tokens.
+    end = config.vocab.id_of(config.vocab.slots.end)
+    for o in out:
+        assert o.tokens[-1] == end and len(o.logprobs) == len(o.tokens)
+        assert all(lp <= 0.0 for lp in o.logprobs)
+        assert decode_actions(config, np.asarray([o.tokens]))[0][1] == o.regime
 
 
-def test_act_follows_a_weight_sync(policy):
-    """act keeps one Actor per policy; nnx.update (an RL weight sync) changes what it samples, exactly."""
-    config = policy.config
+def test_sampler_follows_a_weight_sync():
+    """A kept ActionSampler reads current weights: nnx.update (an RL weight sync) changes what it samples,
+    exactly to the other policy's actions."""
+    config = tiny_config(history_frames=1)
     regimes = np.array([0, 1])
     ids, am, pv = make_prompts(config, regimes, seed=7)
-    mine = VLAPolicy(config, rngs=nnx.Rngs(1))
-    other = VLAPolicy(config, rngs=nnx.Rngs(2))
-    for p, seed in ((mine, 1), (other, 2)):  # varied greedy actions: random action rows in the lm_head
-        w = np.asarray(p.model.lm_head[...]).copy()
-        w[:, config.vocab.ids] = np.random.default_rng(seed).standard_normal((w.shape[0], 63))
-        p.model.lm_head.set_value(jnp.asarray(w))
-    run = lambda p: act(p, ids, am, pv, regimes, jax.random.key(0), greedy=True)
-    want_other = run(other)
-    before = run(mine)
+    mine = with_random_action_rows(Policy(config, rngs=nnx.Rngs(1)), seed=1)
+    other = with_random_action_rows(Policy(config, rngs=nnx.Rngs(2)), seed=2)
+    sampler = ActionSampler(mine)
+    run = lambda s: s(ids, am, pv, regimes, jax.random.key(0), greedy=True).tokens
+    want_other = run(ActionSampler(other))
+    before = run(sampler)
     nnx.update(mine, nnx.state(other))
-    np.testing.assert_array_equal(run(mine), want_other)
+    np.testing.assert_array_equal(run(sampler), want_other)
     assert not np.array_equal(before, want_other)
-    # The per-policy cache does not keep a policy alive.
-    import gc
-    import weakref
 
-    gone = weakref.ref(other)
-    del other, p
-    gc.collect()
-    assert gone() is None
+
+def test_sampled_logprobs_are_the_masked_softmax_of_the_full_forward():
+    """Greedy log-probs equal log_softmax of the grammar-masked logits of an uncached forward at each step."""
+    policy = with_random_action_rows(Policy(tiny_config(), rngs=nnx.Rngs(4)), seed=4)
+    regimes = np.array([1, 0])
+    ids, am, pv = make_prompts(policy.config, regimes, seed=9)
+    out = ActionSampler(policy)(ids, am, pv, regimes, jax.random.key(0), greedy=True)
+    g = grammar_of(policy.config)
+    grid = policy.config.image_grid(len(regimes) * policy.config.num_frames)
+    B, T = ids.shape
+    M = out.tokens.shape[1]
+    seq = np.concatenate([ids, out.tokens], 1)
+    mask = np.concatenate([am, np.ones((B, M), np.int32)], 1)
+    logits = policy.model(jnp.asarray(seq), attention_mask=jnp.asarray(mask), pixel_values=jnp.asarray(pv),
+                          image_grid_thw=grid, regime=jnp.asarray(regimes))
+    state = G.start_state(jnp.asarray(regimes))
+    end = policy.config.vocab.id_of(policy.config.vocab.slots.end)
+    for i in range(M):
+        done = np.asarray(G.is_done(state))
+        lp = jax.nn.log_softmax(G.mask_logits(g, state, logits[:, T + i - 1].astype(jnp.float32)), -1)
+        want = np.take_along_axis(np.asarray(lp), out.tokens[:, i : i + 1], 1)[:, 0]
+        np.testing.assert_allclose(out.logprobs[~done, i], want[~done], rtol=1e-4, atol=1e-5)
+        assert (out.logprobs[done, i] == 0).all() and (out.tokens[done, i] == end).all()
+        state = G.advance(g, state, jnp.asarray(out.tokens[:, i]))

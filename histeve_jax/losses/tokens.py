@@ -1,7 +1,4 @@
-"""Pure loss functions of arrays. Imitation: masked token cross-entropy and per-group token accuracy.
-
-(RL losses — GRPO, DPO, KL, replay — are added here as further free functions.)
-"""
+"""Token losses and metrics: masked cross-entropy, per-group token accuracy, sequence exact match."""
 
 from __future__ import annotations
 
