@@ -10,12 +10,32 @@ their stage's config as the default. The library is ``histeve_jax.train``; this 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from absl import app, flags
 
 from experiments.config_cli import define_config
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+
+
+def evaluate_closed_loop(spec: Any) -> dict:
+    """Play the trained run in the game on held-out seeds (the config's ``eval`` group) and print the table,
+    where the run and its report are, the commands that evaluate or export it, and the headline line."""
+    from experiments.evaluate import report
+    from histeve_jax.eval.evaluate import EvalSpec, evaluate
+
+    fields = {k: v for k, v in spec.closed_loop.items() if k != "enabled"}
+    fields["policy"] = spec.workdir
+    fields["out_dir"] = fields.get("out_dir") or os.path.join(spec.workdir, "eval")
+    fields["obs_size"] = spec.data.image_size
+    summary = evaluate(EvalSpec.from_config(fields))
+    print(f"run: {spec.workdir} (config.json, checkpoints/, TensorBoard events)")
+    print("evaluate again: python3 -m experiments.evaluate --config=experiments/configs/evaluate.py:tiny "
+          f"--config.policy={spec.workdir}")
+    print(f"export for PyTorch: python3 -m histeve_jax.export --run={spec.workdir} --out=/tmp/histeve_export")
+    report(summary)
+    return summary
 
 
 def run(default_config: str) -> None:
@@ -29,7 +49,10 @@ def run(default_config: str) -> None:
         from histeve_jax.train.loop import train
         from histeve_jax.train.specs import RunSpec
 
-        train(RunSpec.from_config(flags.FLAGS.config, workdir.value))
+        spec = RunSpec.from_config(flags.FLAGS.config, workdir.value)
+        train(spec)
+        if spec.closed_loop.get("enabled"):
+            evaluate_closed_loop(spec)
 
     app.run(main)  # grain's worker processes need the program started by absl.app.run
 

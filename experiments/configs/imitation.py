@@ -9,6 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs.common import base_config
+from experiments.configs.evaluate import eval_fields
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -21,8 +22,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.max_len = 80
     c.model.max_targets = 16
     c.record.episodes = 4  # per task: 3 to train on, 1 held out
+    # After training, the entry point evaluates the run closed loop in the game (EvalSpec's fields).
+    c.eval = eval_fields()
+    c.eval.enabled = False
     if variant == "tiny":
-        c.num_train_steps = 200
+        # The main job: 15 demonstrations of each of 4 atomic tasks (the 16th is the held-out split of
+        # the offline eval) recorded on 2 games, then 10 held-out episodes per task closed loop.
+        c.record.variant = "main"
+        c.record.episodes = 16
+        c.record.instances = 2
+        c.num_train_steps = 1500
+        c.eval_every = 500
+        c.checkpoint_every = 500
+        c.eval.enabled = True
     if variant == "qwen7b":
         c.data.history = 3
         c.data.stride = 5

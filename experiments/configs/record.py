@@ -34,6 +34,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.tasks = ("craft_planks", "place_dirt")
         c.episodes = 2
         c.obs_size = (64, 64)
+    elif arg == "main":  # the main job's demonstrations: four atomic tasks, two games in parallel
+        from experiments.configs.evaluate import MAIN_TASKS
+
+        c.tasks = MAIN_TASKS
+        c.episodes = 16
+        c.obs_size = (56, 56)
+        c.instances = 2
     elif arg:
-        raise ValueError(f"unknown record config variant {arg!r}; choose '' or 'tiny'")
+        raise ValueError(f"unknown record config variant {arg!r}; choose '', 'tiny' or 'main'")
     return c

@@ -167,6 +167,9 @@ class Expert:
 
     def cursor_to(self, xy: tuple[int, int], subtask: str, max_steps: int = 40):
         for _ in range(max_steps):
+            if self.info["cursor"] is None:  # the GUI closed (or its pointer is not reported yet) under load
+                yield noop_action(), subtask
+                continue
             cx, cy = self.info["cursor"]
             dx, dy = xy[0] - cx, xy[1] - cy
             if abs(dx) <= 1 and abs(dy) <= 1:

@@ -94,6 +94,7 @@ class DataSpec:
 class RecordSpec:
     variant: str  # experiments/configs/record.py:<variant>
     episodes: int  # per task
+    instances: int  # games recording in parallel
     timeout_s: float
 
 
@@ -123,6 +124,7 @@ class LoopSpec:
 
 _LOOP_FIELDS = tuple(f.name for f in dataclasses.fields(LoopSpec))
 _GROUPS = ("data", "record", "synthetic", "model", "optimizer", "mesh")
+_OPTIONAL = ("eval",)  # read by the entry point, not the loop (``histeve_jax.eval.evaluate.EvalSpec``)
 _TOP = ("stage", "variant", "workdir", "distributed", "sharding")
 
 
@@ -142,12 +144,13 @@ class RunSpec:
     mesh: dict[str, Any]  # ``parallel.mesh.mesh_from_config``'s fields
     distributed: Any  # ``parallel.multihost.initialize_from_config``'s field
     sharding: str
+    closed_loop: dict[str, Any] = dataclasses.field(default_factory=dict)  # the ``eval`` group, if any
     config: Any = dataclasses.field(default=None, compare=False, repr=False)  # the source, saved with runs
 
     @classmethod
     def from_config(cls, config: Any, workdir: str | None = None) -> RunSpec:
         """The specs of a stage config (``experiments/configs/*.py``); ``workdir`` overrides its own."""
-        known = set(_LOOP_FIELDS) | set(_GROUPS) | set(_TOP)
+        known = set(_LOOP_FIELDS) | set(_GROUPS) | set(_TOP) | set(_OPTIONAL)
         unknown = sorted(set(config.keys()) - known)
         if unknown:
             raise ValueError(f"config: unknown field(s) {unknown}; the train loop reads {sorted(known)}")
@@ -163,7 +166,8 @@ class RunSpec:
             record=_read(RecordSpec, config.record, "config.record"),
             synthetic=_read(SyntheticSpec, config.synthetic, "config.synthetic"),
             optimizer=dict(_plain(config.optimizer)), mesh=dict(_plain(config.mesh)),
-            distributed=_plain(config.distributed), sharding=config.sharding, config=config,
+            distributed=_plain(config.distributed), sharding=config.sharding,
+            closed_loop=dict(_plain(config.eval)) if "eval" in config else {}, config=config,
         )
 
     def config_json(self) -> str:

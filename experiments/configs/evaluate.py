@@ -1,0 +1,45 @@
+"""Closed-loop evaluation of a trained run in the game, beside the scripted expert and a random policy.
+
+    python -m experiments.evaluate --config=experiments/configs/evaluate.py:tiny --config.policy=<workdir>
+
+Fields are ``histeve_jax.eval.evaluate.EvalSpec``'s. Held-out seeds start at 1000 (the recorder's
+training episodes use seeds 0, 1, ...), fixed here before any result was looked at.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+MAIN_TASKS = ("place_dirt", "mine_dirt", "build_wall", "craft_planks")  # the main job's atomic tasks
+HELD_OUT_SEED = 1000
+
+
+def eval_fields(variant: str = "tiny") -> ml_collections.ConfigDict:
+    """The evaluation fields (also the ``eval`` group of the imitation config)."""
+    c = ml_collections.ConfigDict()
+    c.tasks = MAIN_TASKS
+    c.episodes = 10  # per task and agent
+    c.seed = HELD_OUT_SEED
+    c.agents = ("policy", "expert", "random")
+    c.policy = ""  # a run's workdir
+    c.step = -1  # its checkpoint; -1: the latest
+    c.greedy = False
+    c.temperature = 1.0
+    # Steps per episode: about 3x the expert's longest (craft_planks, 44), so a failure costs 6 s of game
+    # time rather than the task's full budget (200-400 steps).
+    c.max_steps = 120
+    c.instances = 2
+    c.obs_size = (56, 56)
+    c.out_dir = ""  # "": <policy workdir>/eval
+    c.reports = 1
+    c.progress_bar = True
+    c.ray_address = ""
+    c.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
+    c.codebook = "vpt"
+    if variant not in ("tiny", ""):
+        raise ValueError(f"unknown evaluate config variant {variant!r}; choose 'tiny'")
+    return c
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return eval_fields(arg or "tiny")

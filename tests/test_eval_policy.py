@@ -1,0 +1,149 @@
+"""A trained run plays: it loads from its workdir, sees frames in exactly the training layout, is served in
+batches, and the evaluation reports rates with Wilson intervals beside the expert on the same seeds."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import imitation
+from histeve_jax.data import records as records_lib
+from histeve_jax.data import synthetic
+from histeve_jax.eval.evaluate import EvalSpec, check, evaluate, format_table, wilson_interval
+from histeve_jax.eval.policy_agent import FrameHistory, PolicyServer, load_run
+from histeve_jax.policy import decode_actions
+from histeve_jax.train.loop import train
+from histeve_jax.train.specs import RunSpec
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A tiny imitation run (4 steps on synthetic demos): its workdir, as the main job leaves one."""
+    root = tmp_path_factory.mktemp("run")
+    synthetic.write_demo_dataset(root / "train", episodes=4, length=8, seed=0)
+    c = imitation.get_config("tiny")
+    c.data.train_dirs = str(root / "train")
+    c.data.batch_size = 2
+    c.num_train_steps = 4
+    c.optimizer.warmup_steps = 1
+    c.eval_every = 0
+    c.checkpoint_every = 4
+    c.progress_bar = False
+    c.async_checkpoint = False
+    train(RunSpec.from_config(c, str(root / "work")))
+    return str(root / "work")
+
+
+def test_wilson_interval_matches_hand_values():
+    # p = 0.5, n = 10: 0.5 +- 1.96 * sqrt(0.25/10 + 1.96^2/400) / (1 + 1.96^2/10)
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    assert wilson_interval(10, 10)[1] == pytest.approx(1.0) and wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_frame_history_is_the_training_window(tmp_path):
+    """The frames the agent gives the policy at step s are the pipeline's window of record s (history
+    frames `stride` steps back, clamped to the first)."""
+    from histeve_jax.data.pipeline import WindowSource, open_shards
+
+    synthetic.write_demo_dataset(tmp_path, episodes=1, length=14, seed=3, frame_format="png")
+    source = WindowSource(open_shards(str(tmp_path)), history=2, stride=3)
+    hist = FrameHistory(history=2, stride=3)
+    for j in range(len(source)):
+        window = source[j]
+        frame = records_lib.decode_frame(window["frames"][-1])  # the current one
+        got = hist.push(frame)
+        want = [records_lib.decode_frame(f) for f in window["frames"]]
+        assert len(got) == len(want) == 3
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_loads_from_its_workdir_and_pads_without_changing_actions(run_dir):
+    loaded = load_run(run_dir)
+    assert loaded.step == 4 and loaded.history == 1 and loaded.stride == 4
+    rng = np.random.default_rng(0)
+    obs = [([rng.integers(0, 256, (56, 56, 3), dtype=np.uint8) for _ in range(2)], text)
+           for text in ("place a dirt block on the ground", "open the inventory and craft wooden planks")]
+    alone = loaded.sample(obs, [0, 1], jax.random.key(0), greedy=True)
+    padded = loaded.sample(obs, [0, 1], jax.random.key(0), greedy=True, batch=4)  # rows and length padded
+    assert [a.tokens for a in alone] == [a.tokens for a in padded]
+    assert [int(a.regime) for a in alone] == [0, 1]
+
+
+def test_bad_runs_are_one_clear_error(run_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_run(str(tmp_path))
+    empty = tmp_path / "no_ckpt"
+    empty.mkdir()
+    (empty / "config.json").write_text(open(os.path.join(run_dir, "config.json")).read())
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_run(str(empty))
+    # A checkpoint of another shape: the config now describes a policy with another action vocabulary.
+    other = tmp_path / "other"
+    other.mkdir()
+    os.symlink(os.path.join(run_dir, "checkpoints"), other / "checkpoints", target_is_directory=True)
+    cfg = json.load(open(os.path.join(run_dir, "config.json")))
+    cfg["data"]["codebook"] = "openha"
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="does not match"):
+        load_run(str(other))
+    with pytest.raises(ValueError, match="no_such_task"):
+        check(EvalSpec(tasks=("no_such_task",), episodes=1, seed=0, agents=("expert",)))
+    with pytest.raises(ValueError, match="needs policy="):
+        EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("policy",))
+
+
+def test_the_policy_server_batches_concurrent_requests(run_dir):
+    import asyncio
+
+    server = PolicyServer(run_dir, max_batch=2, max_wait_s=0.5, greedy=True)
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 256, (56, 56, 3), dtype=np.uint8) for _ in range(2)]
+
+    async def two():
+        return await asyncio.gather(server.act(frames, "place a dirt block on the ground", 0),
+                                    server.act(frames, "place a dirt block on the ground", 1))
+
+    a, b = asyncio.run(two())
+    assert server.stats() == {"calls": 1, "mean_batch": 2.0}
+    loaded = server.loaded
+    want = loaded.sample([(frames, "place a dirt block on the ground")] * 2, [0, 1], jax.random.key(0),
+                         greedy=True)
+    assert a["tokens"] == want[0].tokens and b["tokens"] == want[1].tokens
+    assert a["regime"] == 0 and b["regime"] == 1
+
+
+@pytest.mark.game
+def test_the_policy_plays_in_the_game_recorded_beside_the_expert(run_dir, tmp_path):
+    """A short closed-loop evaluation on a real local Ray with a real game: the policy's episodes are
+    recorded with their action tokens and log-probs, the expert's on the same seed, a report per episode."""
+    spec = EvalSpec(tasks=("place_dirt",), episodes=1, seed=1000, agents=("policy", "expert"), policy=run_dir,
+                    max_steps=15, instances=1, out_dir=str(tmp_path / "eval"), progress_bar=False)
+    summary = evaluate(spec)
+    pol, exp = summary["results"]["policy"]["place_dirt"], summary["results"]["expert"]["place_dirt"]
+    assert pol["episodes"] == 1 and exp["episodes"] == 1 and pol["seeds"] == exp["seeds"] == [1000]
+    assert exp["successes"] == 1 and exp["ci95"][1] == pytest.approx(1.0)
+    recs = [r for p in records_lib.shard_paths(tmp_path / "eval" / "records" / "policy")
+            for r in records_lib.read_shard(p)]
+    assert recs and all(r.kind == "eval" for r in recs) and recs[-1].done
+    config = load_run(run_dir).config
+    for r in recs[:-1]:  # the recorded action is what the recorded tokens decode to, in the step's regime
+        toks, lps = r.metadata["action_tokens"], r.metadata["action_logprobs"]
+        assert len(toks) == len(lps) >= 2 and all(lp <= 0 for lp in lps)
+        (action, regime), = decode_actions(config, np.asarray([toks]))
+        assert int(regime) == int(r.is_gui_open)
+        assert {k: int(v) for k, v in action.items() if k != "camera"} == \
+            {k: int(v) for k, v in r.action.items() if k != "camera"}
+        np.testing.assert_allclose(action["camera"], r.action["camera"], atol=1e-5)
+    assert len(recs) - 1 == pol["mean_steps"] <= 15
+    assert len(summary["reports"]) == 2 and all(os.path.exists(p) for p in summary["reports"])
+    on_disk = json.load(open(tmp_path / "eval" / "summary.json"))
+    assert on_disk["headline"]["tasks"] == 1 and on_disk["headline"]["expert_mean"] == 1.0
+    assert "place_dirt" in format_table(summary)
