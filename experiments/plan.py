@@ -167,13 +167,13 @@ def compile_step(config: Any, cfg: Any, mesh: Any, *, images: bool = True) -> tu
     from flax import nnx
 
     from histeve_jax.models import vla
-    from histeve_jax.parallel import sharding
+    from histeve_jax.parallel import axes, sharding
     from histeve_jax.train import optimizer
     from histeve_jax.train import state as state_lib
     from histeve_jax.train import step as step_lib
 
     train = config.train
-    rules = sharding.rules_for(config.sharding)
+    rules = axes.RULES
     tx, schedule = optimizer.make_optimizer(train.optimizer)
     t0 = time.time()
     abstract, shardings = state_lib.abstract_train_state(
@@ -261,7 +261,7 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     tokens = B * L
 
     print(
-        f"mesh {shape} ({n} simulated devices), rules '{config.sharding}', remat '{cfg.base.remat}', "
+        f"mesh {shape} ({n} simulated devices), rules axes.RULES, remat '{cfg.base.remat}', "
         f"compute {train.model.dtype}, params {train.model.param_dtype}, microbatches {train.microbatches}"
     )
     print(

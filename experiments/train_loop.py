@@ -32,7 +32,6 @@ from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig
 from histeve_jax.models.qwen2_5_vl import tiny as tiny_base
 from histeve_jax.parallel import axes, multihost
 from histeve_jax.parallel import mesh as mesh_lib
-from histeve_jax.parallel import sharding as sharding_lib
 from histeve_jax.train import optimizer as optimizer_lib
 from histeve_jax.train import state as state_lib
 from histeve_jax.train import step as step_lib
@@ -375,7 +374,7 @@ def train(config: Any, workdir: str | None = None) -> dict[int, dict[str, float]
     cfg = vla_config(config)
     tx, schedule = optimizer_lib.make_optimizer(config.optimizer)
     mesh = mesh_lib.mesh_from_config(config.mesh)
-    rules = sharding_lib.rules_for(config.sharding)
+    rules = axes.RULES
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=config.keep_checkpoints,
                         async_save=config.async_checkpoint)
     state, shardings, data_state = build_state(config, cfg, tx, mesh, rules, ckpt)

@@ -76,7 +76,7 @@ def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monk
     cfg = train_loop.vla_config(c)
     tx, _ = train_loop.optimizer_lib.make_optimizer(c.optimizer)
     mesh = train_loop.mesh_lib.mesh_from_config(c.mesh)
-    rules = train_loop.sharding_lib.rules_for(c.sharding)
+    rules = train_loop.axes.RULES
     fresh = train_loop.Checkpointer(str(tmp_path / "stage2" / "checkpoints"), async_save=False)
     state, _, data_state = train_loop.build_state(c, cfg, tx, mesh, rules, fresh)
     done = train_loop.Checkpointer(str(tmp_path / "whole" / "checkpoints"), async_save=False)
