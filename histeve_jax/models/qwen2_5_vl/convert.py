@@ -62,7 +62,8 @@ def load_orbax(
             where = jax.tree_util.keystr(path, simple=True, separator="/")
             spec = axes.partition_spec(v.shape, names, mesh, rules, where=where)
             sh = jax.sharding.NamedSharding(mesh, spec)
-            return jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh)
+            # Keep the Variable around it: the restore target must have the saved tree's structure.
+            return v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh))
 
         abstract = jax.tree_util.tree_map_with_path(
             with_sharding, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)
