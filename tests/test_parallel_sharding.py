@@ -97,6 +97,15 @@ def test_activations_are_constrained_by_the_same_resolver():
         constrained_spec((8, 12), ("activation_bach", None), **mesh)
 
 
+def test_the_input_batch_splits_as_the_activation_batch_axis_does():
+    from histeve_jax.train import step as step_lib
+
+    mesh = abstract_mesh(data=2, fsdp=4, tensor=2)
+    assert step_lib.batch_sharding(mesh).spec == P(("data", "fsdp"))
+    assert step_lib.batch_sharding(mesh, batch_size=16).spec == spec((16,), (axes.ACT_BATCH,), **mesh.shape)
+    assert step_lib.batch_sharding(mesh, batch_size=6).spec == P()  # 6 rows do not split 8 ways
+
+
 def test_the_vmapped_image_axis_shards_as_its_constraint_does():
     with axes.activate(abstract_mesh(data=2, fsdp=2)):
         assert axes.batch_mesh_axes(8) == ("data", "fsdp")

@@ -45,7 +45,7 @@ Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 # Tried in order per logical axis (see `partition_spec`): a rule whose mesh axes are all of size 1 falls
 # through, so on an fsdp-only mesh `vocab`, `mlp` and the heads take `fsdp` where `embed` did not.
-# `None` replicates; a name with no rule that fits is replicated too.
+# `None` replicates (and ends the search); a name with no rule that fits is replicated too.
 RULES: Rules = (
     # Tensor parallelism over `tensor`, FSDP over `fsdp`.
     (VOCAB, "tensor"),
