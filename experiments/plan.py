@@ -160,14 +160,14 @@ def compile_step(config: Any, cfg: Any, mesh: Any, *, images: bool = True) -> tu
     """(compiled step, abstract state, lower seconds, compile seconds) of the policy ``cfg`` on ``mesh``."""
     import jax
 
-    from histeve_jax.parallel import sharding
+    from histeve_jax.parallel import axes, sharding
     from histeve_jax.train import optimizer, setup
     from histeve_jax.train import state as state_lib
     from histeve_jax.train import step as step_lib
 
     spec = run_spec(config)
     stage = setup.policy_stage(spec, cfg)
-    rules = sharding.rules_for(config.sharding)
+    rules = axes.RULES
     tx, schedule = optimizer.make_optimizer(spec.optimizer)
     t0 = time.time()
     abstract, shardings = state_lib.abstract_train_state(stage.init_model, tx, mesh, rules)
@@ -252,7 +252,7 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     tokens = B * L
 
     print(
-        f"mesh {shape} ({n} simulated devices), rules '{config.sharding}', remat '{cfg.base.remat}', "
+        f"mesh {shape} ({n} simulated devices), rules axes.RULES, remat '{cfg.base.remat}', "
         f"compute {spec.model.dtype}, params {spec.model.param_dtype}, microbatches {spec.loop.microbatches}"
     )
     print(

@@ -123,13 +123,12 @@ if not IN_CHILD:
 else:
     from histeve_jax import policy as policy_lib
     from histeve_jax.parallel import mesh as mesh_lib
-    from histeve_jax.parallel import sharding
 
     def test_save_on_fsdp_mesh_restore_on_mixed_mesh(tmp_path):
         tx, _ = optimizer.make_optimizer({"warmup_steps": 0, "total_steps": 10, "mu_dtype": "bfloat16"})
         config = policy_lib.tiny_config()
         model_fn = lambda: policy_lib.Policy(config, rngs=nnx.Rngs(0))
-        rules = sharding.rules_for("fsdp_tensor")
+        rules = axes.RULES
         mesh_a = mesh_lib.make_mesh({"fsdp": 8})
         mesh_b = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
         with nnx.use_eager_sharding(False):

@@ -50,7 +50,7 @@ def _worker(process_id: int, port: int, workdir: str) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from histeve_jax.parallel import axes, sharding
+    from histeve_jax.parallel import axes
     from histeve_jax.parallel import mesh as mesh_lib
     from histeve_jax.train import checkpoint, optimizer
     from histeve_jax.train import state as state_lib
@@ -58,7 +58,7 @@ def _worker(process_id: int, port: int, workdir: str) -> None:
 
     assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 8, 4)
     mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 4})
-    rules = sharding.rules_for("fsdp_tensor")
+    rules = axes.RULES
     batch_sharding = step_lib.batch_sharding(mesh, rules)
     rows = multihost.process_rows(batch_sharding, 16)
     assert rows == slice(8 * process_id, 8 * process_id + 8)

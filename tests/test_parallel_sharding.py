@@ -1,4 +1,5 @@
-"""Logical-axis rules to shardings: hand-checked specs, every parameter named, the 7B state split under FSDP.
+"""Logical-axis rules to shardings: hand-checked specs and fallbacks, activations resolved as parameters are,
+every parameter named, the 7B state split under FSDP and under FSDP x tensor.
 
 Abstract meshes only (no devices, nothing allocated): shardings depend on axis sizes, not on hardware.
 """
@@ -23,9 +24,8 @@ def abstract_mesh(data=1, fsdp=1, tensor=1):
     return jax.sharding.AbstractMesh((data, fsdp, tensor), ("data", "fsdp", "tensor"), axis_types=auto)
 
 
-def spec(shape, names, preset="fsdp_tensor", **mesh):
-    sizes = dict(abstract_mesh(**mesh).shape)
-    return sharding.spec_for_shape(shape, names, sizes, sharding.rules_for(preset))
+def spec(shape, names, rules=axes.RULES, **mesh):
+    return axes.partition_spec(shape, names, abstract_mesh(**mesh), rules)
 
 
 def test_fsdp_and_tensor_axes_land_on_embed_and_mlp():
@@ -35,34 +35,82 @@ def test_fsdp_and_tensor_axes_land_on_embed_and_mlp():
     assert spec((64, 256), (axes.EMBED, axes.MLP), fsdp=8) == P("fsdp")
 
 
+def test_a_rule_on_size_1_or_absent_axes_falls_through_to_the_next():
+    # On an fsdp-only mesh `mlp`'s first rule (tensor) shards nothing, so its fallback (fsdp) applies.
+    assert spec((64,), (axes.MLP,), fsdp=8) == P("fsdp")
+    assert spec((256, 64), (axes.MLP, axes.EMBED), fsdp=8) == P("fsdp")
+    assert spec((320, 64), (axes.VOCAB, axes.EMBED), fsdp=8) == P("fsdp")
+    # Of a multi-axis rule only the axes of size > 1 count: the batch over (data, fsdp) is over fsdp alone.
+    assert spec((16, 12), (axes.ACT_BATCH, axes.ACT_LENGTH), fsdp=8) == P("fsdp")
+    rules = ((axes.MLP, "expert"), (axes.MLP, "tensor"), (axes.MLP, None), (axes.MLP, "fsdp"))
+    assert spec((64,), (axes.MLP,), rules, tensor=4) == P("tensor")  # `expert` is not a mesh axis
+    assert spec((64,), (axes.MLP,), rules, fsdp=4) == P()  # `None` replicates and ends the search
+
+
 def test_indivisible_axis_falls_back_and_no_mesh_axis_is_used_twice():
     # 4 KV heads cannot split 8 ways over `tensor`; `fsdp` is taken by embed, so the heads stay whole.
     assert spec((64, 4, 16), (axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM), fsdp=2, tensor=8) == P("fsdp")
-    # Under pure FSDP an embed of 60 does not split 8 ways; the mlp axis takes `fsdp` instead.
-    assert spec((60, 256), (axes.EMBED, axes.MLP), preset="fsdp", fsdp=8) == P(None, "fsdp")
+    # On an fsdp-only mesh an embed of 60 does not split 8 ways; the mlp axis takes `fsdp` instead.
+    assert spec((60, 256), (axes.EMBED, axes.MLP), fsdp=8) == P(None, "fsdp")
     # The vocab axis takes `tensor`, embed `fsdp`: both used once.
     assert spec((320, 64), (axes.VOCAB, axes.EMBED), fsdp=2, tensor=2) == P("tensor", "fsdp")
+    # 320 rows do not split 3 ways over `tensor`, so vocab falls back to `fsdp` and embed stays whole.
+    assert spec((320, 64), (axes.VOCAB, axes.EMBED), fsdp=4, tensor=3) == P("fsdp")
 
 
 def test_layers_norm_and_regime_axes_are_replicated():
     assert spec((28, 2, 3584), (axes.LAYERS, axes.REGIME, axes.NORM), fsdp=64) == P()
-    assert spec((28, 3584, 18944), (axes.LAYERS, axes.EMBED, axes.MLP), preset="fsdp", fsdp=64) == P(
-        None, "fsdp"
-    )
+    assert spec((28, 3584, 18944), (axes.LAYERS, axes.EMBED, axes.MLP), fsdp=64) == P(None, "fsdp")
 
 
-def test_data_preset_replicates_everything():
-    assert spec((64, 256), (axes.EMBED, axes.MLP), preset="data", data=4, fsdp=2) == P()
+def test_a_mesh_without_fsdp_or_tensor_replicates_every_parameter_and_splits_the_batch():
+    assert spec((64, 256), (axes.EMBED, axes.MLP), data=8) == P()
+    assert spec((320, 64), (axes.VOCAB, axes.EMBED), data=8) == P()
+    assert spec((16, 12, 64), (axes.ACT_BATCH, axes.ACT_LENGTH, axes.ACT_EMBED), data=8) == P("data")
 
 
 def test_bad_names_raise_naming_the_tensor():
-    sizes = dict(abstract_mesh(fsdp=2).shape)
+    mesh = abstract_mesh(fsdp=2)
     with pytest.raises(ValueError, match="layers/attn/q.*'embd'"):
-        sharding.spec_for_shape((4, 4), ("embd", None), sizes, axes.DEFAULT_RULES, where="layers/attn/q")
+        axes.partition_spec((4, 4), ("embd", None), mesh, where="layers/attn/q")
     with pytest.raises(ValueError, match="w: logical names"):
-        sharding.spec_for_shape((4, 4), (axes.EMBED,), sizes, axes.DEFAULT_RULES, where="w")
-    with pytest.raises(ValueError, match="unknown sharding preset"):
-        sharding.rules_for("zero3")
+        axes.partition_spec((4, 4), (axes.EMBED,), mesh, where="w")
+
+
+def constrained_spec(shape, names, **mesh):
+    """The spec `axes.constrain` puts on an activation of ``shape`` (traced, nothing allocated)."""
+    with axes.activate(abstract_mesh(**mesh)):
+        jaxpr = jax.make_jaxpr(lambda x: axes.constrain(x, names))(jax.ShapeDtypeStruct(shape, np.float32))
+    (eqn,) = jaxpr.jaxpr.eqns
+    return eqn.params["sharding"].spec
+
+
+def test_activations_are_constrained_by_the_same_resolver():
+    names = (axes.ACT_BATCH, axes.ACT_LENGTH, axes.ACT_HEADS, axes.ACT_HEAD_DIM)
+    mesh = dict(data=2, fsdp=2, tensor=4)
+    assert constrained_spec((8, 12, 8, 16), names, **mesh) == P(("data", "fsdp"), None, "tensor")
+    assert constrained_spec((8, 12, 8, 16), names, **mesh) == spec((8, 12, 8, 16), names, **mesh)
+    # 6 heads do not split 4 ways, 3 rows not 4 ways: those dimensions stay whole instead of erroring.
+    assert constrained_spec((8, 12, 6, 16), names, **mesh) == P(("data", "fsdp"))
+    assert constrained_spec((3, 12, 8, 16), names, **mesh) == P(None, None, "tensor")
+    with pytest.raises(ValueError, match="activation.*'activation_bach'"):
+        constrained_spec((8, 12), ("activation_bach", None), **mesh)
+
+
+def test_the_input_batch_splits_as_the_activation_batch_axis_does():
+    from histeve_jax.train import step as step_lib
+
+    mesh = abstract_mesh(data=2, fsdp=4, tensor=2)
+    assert step_lib.batch_sharding(mesh).spec == P(("data", "fsdp"))
+    assert step_lib.batch_sharding(mesh, batch_size=16).spec == spec((16,), (axes.ACT_BATCH,), **mesh.shape)
+    assert step_lib.batch_sharding(mesh, batch_size=6).spec == P()  # 6 rows do not split 8 ways
+
+
+def test_the_vmapped_image_axis_shards_as_its_constraint_does():
+    with axes.activate(abstract_mesh(data=2, fsdp=2)):
+        assert axes.batch_mesh_axes(8) == ("data", "fsdp")
+        assert axes.batch_mesh_axes(3) is None  # left whole by constrain, so not split by vmap either
+    assert axes.batch_mesh_axes(8) is None  # no active mesh
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
@@ -107,7 +155,7 @@ def abstract_7b_state():
 @pytest.mark.parametrize("fsdp", [64, 256])
 def test_fsdp_splits_every_7b_tensor_over_1mib(abstract_7b_state, fsdp):
     mesh = abstract_mesh(fsdp=fsdp)
-    shardings = sharding.tree_shardings(abstract_7b_state, mesh, sharding.rules_for("fsdp"))
+    shardings = sharding.tree_shardings(abstract_7b_state, mesh)
     state = sharding.with_shardings(abstract_7b_state, shardings)
     assert sharding.replicated_tensors(state.params, MiB) == []
     assert sharding.replicated_tensors(state.opt_state, MiB) == []
@@ -118,9 +166,36 @@ def test_fsdp_splits_every_7b_tensor_over_1mib(abstract_7b_state, fsdp):
     assert 12 * n_params / fsdp < per_device < 12 * n_params / fsdp + 16 * MiB
 
 
+def test_fsdp_x_tensor_splits_every_7b_tensor_over_1mib(abstract_7b_state):
+    mesh = abstract_mesh(data=2, fsdp=16, tensor=4)
+    state = sharding.with_shardings(abstract_7b_state, sharding.tree_shardings(abstract_7b_state, mesh))
+    assert sharding.replicated_tensors(state.params, MiB) == []
+    assert sharding.replicated_tensors(state.opt_state, MiB) == []
+
+
+def _mesh_axes_used(shardings):
+    specs = [s.spec for s in jax.tree.leaves(shardings)]
+    return {a for spec in specs for e in spec if e for a in ((e,) if isinstance(e, str) else e)}
+
+
+@pytest.mark.parametrize(
+    "mesh, used, gate",
+    [
+        (dict(fsdp=64), {"fsdp"}, P(None, "fsdp")),  # the old "fsdp" preset
+        (dict(tensor=4), {"tensor"}, P(None, None, "tensor")),  # the old "tensor" preset
+        (dict(data=2, fsdp=16, tensor=4), {"fsdp", "tensor"}, P(None, "fsdp", "tensor")),  # "fsdp_tensor"
+        (dict(data=8), set(), P()),  # the old "data" preset: parameters replicated
+    ],
+)
+def test_the_mesh_shape_alone_picks_fsdp_tensor_or_data_parallelism(abstract_7b_state, mesh, used, gate):
+    shardings = sharding.tree_shardings(abstract_7b_state.params, abstract_mesh(**mesh))
+    assert _mesh_axes_used(shardings) == used
+    assert shardings["language_model"]["layers"]["mlp"]["gate"].get_value().spec == gate  # [L, E, F]
+
+
 def test_optimizer_moments_are_sharded_like_their_parameters(abstract_7b_state):
     mesh = abstract_mesh(data=2, fsdp=16, tensor=4)
-    shardings = sharding.tree_shardings(abstract_7b_state, mesh, sharding.rules_for("fsdp_tensor"))
+    shardings = sharding.tree_shardings(abstract_7b_state, mesh)
     adam = shardings.opt_state[1][0]  # chain(clip, adamw) -> adamw's ScaleByAdamState
     params = dict(nnx.to_flat_state(shardings.params))
     for moments in (adam.mu, adam.nu):

@@ -35,8 +35,8 @@ else:
     from jax.sharding import PartitionSpec as P
 
     from histeve_jax import policy as policy_lib
+    from histeve_jax.parallel import axes, sharding
     from histeve_jax.parallel import mesh as mesh_lib
-    from histeve_jax.parallel import sharding
     from histeve_jax.train import optimizer
     from histeve_jax.train import state as state_lib
     from histeve_jax.train import step as step_lib
@@ -84,7 +84,7 @@ else:
             host_state = state_lib.state_from_model(policy_lib.Policy(CONFIG, rngs=nnx.Rngs(0)), tx)
         batch = policy_batch(CONFIG)
         train_step = step_lib.make_train_step(policy_lib.action_loss, tx, schedule=schedule)
-        rules = sharding.rules_for("fsdp_tensor")
+        rules = axes.RULES
         return host_state, batch, train_step, rules
 
     def step_on(shape, setup):

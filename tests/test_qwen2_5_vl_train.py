@@ -1,4 +1,5 @@
-"""Gradients match torch's backward (with and without remat), and load_hf places tensors on a mesh."""
+"""Gradients match torch's backward (with and without remat), and load_hf places tensors on a mesh where
+the train state built from the model wants them."""
 
 import functools
 
@@ -78,9 +79,59 @@ def test_load_hf_places_tensors_by_logical_names(qwen_tiny_dir):
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
     model = load_hf(qwen_tiny_dir[2], mesh=mesh)
     q = model.language_model.layers.attn.q.get_value()
-    assert isinstance(q.sharding, jax.sharding.NamedSharding)
-    assert q.sharding.spec == axes.logical_to_spec((axes.LAYERS, axes.EMBED, axes.Q_HEADS, axes.HEAD_DIM))
-    assert model.lm_head.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+    assert isinstance(q.sharding, jax.sharding.NamedSharding) and q.sharding.mesh == mesh
+    names = (axes.LAYERS, axes.EMBED, axes.Q_HEADS, axes.HEAD_DIM)
+    assert q.sharding.spec == axes.partition_spec(q.shape, names, mesh) == jax.sharding.PartitionSpec()
+
+
+_PLACEMENT_SCRIPT = r"""
+import sys, tempfile
+import jax, numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+from histeve_jax.models.qwen2_5_vl import load_hf
+from histeve_jax.models.qwen2_5_vl.convert import load_orbax, save_orbax
+from histeve_jax.parallel import mesh as mesh_lib
+from histeve_jax.train import optimizer, state as state_lib
+tx, _ = optimizer.make_optimizer({})
+lm_head = {(1, 8, 1): P("fsdp"), (1, 2, 4): P("fsdp", "tensor"), (1, 1, 8): P(None, "tensor"), (8, 1, 1): P()}
+for shape, want in lm_head.items():
+    mesh = mesh_lib.make_mesh(dict(zip(mesh_lib.AXES, shape)))
+    model = load_hf(sys.argv[1], mesh=mesh)
+    loaded = nnx.state(model, nnx.Param)
+    _, shardings = state_lib.shard_model_state(model, tx, mesh)
+    want_sh = dict(nnx.to_flat_state(shardings.params))
+    for path, got in nnx.to_flat_state(loaded):
+        assert got.get_value().sharding == want_sh[path].get_value(), (shape, path, got.get_value().sharding)
+    # So the train state's device_put moves nothing: every shard keeps its buffer.
+    moved = jax.device_put(loaded, shardings.params)
+    for x, y in zip(jax.tree.leaves(loaded), jax.tree.leaves(moved), strict=True):
+        ptrs = lambda a: [s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
+        assert ptrs(x) == ptrs(y), shape
+    assert model.lm_head.get_value().sharding.spec == want, (shape, model.lm_head.get_value().sharding)
+    if shape == (1, 2, 4):  # an orbax checkpoint restores onto the same places
+        save_orbax(model, ckpt := tempfile.mkdtemp())
+        restored = nnx.state(load_orbax(ckpt, mesh=mesh), nnx.Param)
+        for path, got in nnx.to_flat_state(restored):
+            assert got.get_value().sharding == want_sh[path].get_value(), ("orbax", path)
+print("PLACEMENT_OK")
+"""
+
+
+def _run_on_cpu_devices(script: str, n: int, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_load_hf_puts_each_weight_where_the_train_state_wants_it(qwen_tiny_dir):
+    r = _run_on_cpu_devices(_PLACEMENT_SCRIPT, 8, qwen_tiny_dir[2])
+    assert "PLACEMENT_OK" in r.stdout, r.stderr[-3000:]
 
 
 _SHARDED_SCRIPT = r"""
@@ -96,7 +147,8 @@ fwd = nnx.jit(lambda m, ids: m(ids))
 ref = np.asarray(fwd(load_hf(d), ids))
 model = load_hf(d, mesh=mesh)
 emb = model.language_model.embed.get_value()
-assert len(emb.sharding.device_set) == 2 and emb.addressable_shards[0].data.shape == (320, 32), emb.sharding
+# [vocab, embed] on an fsdp-only mesh: `vocab`'s first rule (tensor) has size 1, so it takes `fsdp`.
+assert len(emb.sharding.device_set) == 2 and emb.addressable_shards[0].data.shape == (160, 64), emb.sharding
 with axes.activate(mesh):
     out = np.asarray(fwd(model, ids))
 err = np.abs(out - ref).max() / np.abs(ref).max()
@@ -106,16 +158,5 @@ print("SHARDED_OK", err)
 
 
 def test_fsdp_sharded_load_gives_the_same_logits(qwen_tiny_dir):
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    r = subprocess.run(
-        [sys.executable, "-c", _SHARDED_SCRIPT, qwen_tiny_dir[2]],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = _run_on_cpu_devices(_SHARDED_SCRIPT, 2, qwen_tiny_dir[2])
     assert "SHARDED_OK" in r.stdout, r.stderr[-3000:]

@@ -15,8 +15,8 @@ from ml_collections import config_flags
 
 from experiments.configs import imitation, world_knowledge
 from histeve_jax.data import synthetic
+from histeve_jax.parallel import axes
 from histeve_jax.parallel import mesh as mesh_lib
-from histeve_jax.parallel import sharding as sharding_lib
 from histeve_jax.policy import Policy
 from histeve_jax.train import data as data_lib
 from histeve_jax.train import loop, setup
@@ -88,7 +88,7 @@ def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monk
     stage = setup.policy_stage(spec)
     tx, _ = optimizer_lib.make_optimizer(spec.optimizer)
     mesh = mesh_lib.mesh_from_config(spec.mesh)
-    rules = sharding_lib.rules_for(spec.sharding)
+    rules = axes.RULES
     fresh = Checkpointer(str(tmp_path / "stage2" / "checkpoints"), async_save=False)
     state, _, data_state = setup.build_state(spec, stage, tx, mesh, rules, fresh)
     done = Checkpointer(str(tmp_path / "whole" / "checkpoints"), async_save=False)

@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from histeve_jax.parallel import axes, sharding
+from histeve_jax.parallel import axes
 from histeve_jax.parallel import mesh as mesh_lib
 from histeve_jax.train import optimizer
 from histeve_jax.train import state as state_lib
@@ -109,7 +109,7 @@ def test_sharded_init_equals_eager_init_and_starts_at_step_zero():
     tx, _ = optimizer.make_optimizer({"warmup_steps": 0, "total_steps": 10})
     mesh = one_device_mesh()
     st, shardings = state_lib.create_train_state(
-        lambda: TinyRegressor(nnx.Rngs(3)), tx, mesh, axes.DEFAULT_RULES
+        lambda: TinyRegressor(nnx.Rngs(3)), tx, mesh, axes.RULES
     )
     eager = nnx.state(TinyRegressor(nnx.Rngs(3)), nnx.Param)
     for (path, a), (_, b) in zip(nnx.to_flat_state(st.params), nnx.to_flat_state(eager), strict=True):
@@ -167,7 +167,7 @@ def test_microbatches_take_strided_rows():
 def test_shard_model_state_wraps_an_existing_model():
     tx, _ = optimizer.make_optimizer({"warmup_steps": 0, "total_steps": 10})
     model = TinyRegressor(nnx.Rngs(5))
-    st, sh = state_lib.shard_model_state(model, tx, one_device_mesh(), sharding.rules_for("fsdp"))
+    st, sh = state_lib.shard_model_state(model, tx, one_device_mesh(), axes.RULES)
     np.testing.assert_array_equal(np.asarray(st.params["w"].get_value()), np.asarray(model.w.get_value()))
     assert int(st.step) == 0
     assert isinstance(sh.params["w"].get_value(), jax.sharding.NamedSharding)

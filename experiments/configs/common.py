@@ -94,7 +94,6 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.mesh.ici = {"data": 1, "fsdp": -1, "tensor": 1}
     # Slices of a multi-slice job (all 1: one slice); e.g. --config.mesh.dcn.data=2 puts data across slices.
     c.mesh.dcn = {"data": 1, "fsdp": 1, "tensor": 1}
-    c.sharding = "fsdp_tensor"
 
     if variant == "qwen7b":
         c.num_train_steps = 20_000

@@ -22,7 +22,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train = imitation.get_config(variant)
     c.num_devices = 64 if variant == "qwen7b" else 8  # simulated CPU devices = chips of the target slice
     c.mesh = ml_collections.ConfigDict({"ici": {"data": 1, "fsdp": -1, "tensor": 1}})
-    c.sharding = c.train.sharding  # the stage's own rules preset
     c.hbm_bytes = V5P_HBM_BYTES
     c.hbm_budget = 0.6  # the step must fit in this fraction of one chip's HBM
     c.peak_flops = V5P_BF16_FLOPS

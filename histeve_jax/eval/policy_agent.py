@@ -112,9 +112,9 @@ def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
     if not os.path.isdir(ckpt_dir):
         raise FileNotFoundError(f"{workdir}: no checkpoint (no {ckpt_dir})")
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
-    from histeve_jax.parallel import sharding as sharding_lib
+    from histeve_jax.parallel import axes
 
-    rules = sharding_lib.rules_for(spec.sharding)
+    rules = axes.RULES
     with Checkpointer(ckpt_dir, async_save=False) as ck:
         step = ck.latest_step() if step is None else step
         if step is None:

@@ -1,18 +1,23 @@
-"""Logical axis names and the one rules table that maps them to mesh axes.
+"""Logical axis names, the one rules table that maps them to mesh axes, and the one function that resolves it.
 
 Every parameter carries logical names in its ``out_sharding`` metadata (as ``nnx.with_partitioning`` sets);
-activations are constrained at layer boundaries with :func:`constrain`. Which mesh axis a logical axis lands
-on is decided here and nowhere else, so FSDP, tensor parallelism and their mix are a choice of rules.
+activations are constrained at layer boundaries with :func:`constrain`. :data:`RULES` (MaxText's
+``logical_axis_rules``) may list several mesh axes for one logical axis, tried in order, and
+:func:`partition_spec` picks, per dimension, the first that fits the tensor's shape on the mesh. Parameters
+(``sharding.tree_shardings``), loaded weights (``load_hf``, ``load_orbax``), activations and the input batch
+are all placed by that one function, so the mesh's shape alone decides between FSDP (``fsdp`` > 1), tensor
+parallelism (``tensor`` > 1), their mix, and plain data parallelism (both 1: parameters replicated).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator, Sequence
 
 import jax
-from flax.linen import spmd
+from jax.sharding import PartitionSpec
 
 # Parameter axes (text decoder and vision tower share the names).
 VOCAB = "vocab"
@@ -38,18 +43,26 @@ ACT_VOCAB = "activation_vocab"
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
-# FSDP over `fsdp` (and data), tensor parallelism over `tensor`. A mesh axis of size 1 makes its rule a no-op.
-DEFAULT_RULES: Rules = (
+# Tried in order per logical axis (see `partition_spec`): a rule whose mesh axes are all of size 1 falls
+# through, so on an fsdp-only mesh `vocab`, `mlp` and the heads take `fsdp` where `embed` did not.
+# `None` replicates (and ends the search); a name with no rule that fits is replicated too.
+RULES: Rules = (
+    # Tensor parallelism over `tensor`, FSDP over `fsdp`.
     (VOCAB, "tensor"),
+    (VOCAB, "fsdp"),
     (EMBED, "fsdp"),
     (MLP, "tensor"),
+    (MLP, "fsdp"),
     (Q_HEADS, "tensor"),
+    (Q_HEADS, "fsdp"),
     (KV_HEADS, "tensor"),
-    (HEAD_DIM, None),
+    (KV_HEADS, "fsdp"),
+    (HEAD_DIM, "fsdp"),
+    (PATCH, "fsdp"),
     (LAYERS, None),
     (NORM, None),
     (REGIME, None),
-    (PATCH, None),
+    # Activations: batch over (data, fsdp), features over `tensor` as their weights are.
     (ACT_BATCH, ("data", "fsdp")),
     (ACT_LENGTH, None),
     (ACT_EMBED, None),
@@ -66,7 +79,7 @@ _ACTIVE: contextvars.ContextVar[tuple[jax.sharding.Mesh, Rules] | None] = contex
 
 
 @contextlib.contextmanager
-def activate(mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
+def activate(mesh: jax.sharding.Mesh, rules: Rules = RULES) -> Iterator[None]:
     """Within this context, :func:`constrain` shards activations over ``mesh`` by ``rules``."""
     token = _ACTIVE.set((mesh, rules))
     try:
@@ -75,30 +88,78 @@ def activate(mesh: jax.sharding.Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[
         _ACTIVE.reset(token)
 
 
-def logical_to_spec(names: Sequence[str | None], rules: Rules = DEFAULT_RULES) -> jax.sharding.PartitionSpec:
-    """The mesh PartitionSpec for a tuple of logical axis names."""
-    return spmd.logical_to_mesh_axes(tuple(names), rules)
+def _as_axes(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def partition_spec(
+    shape: Sequence[int | None],
+    names: Sequence[str | None],
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
+    rules: Rules = RULES,
+    *,
+    where: str = "tensor",
+) -> PartitionSpec:
+    """The PartitionSpec of a tensor of ``shape`` named ``names`` on ``mesh``: per dimension, the first rule
+    for its name whose mesh axes (those of size > 1) are unused in this tensor and divide the dimension.
+
+    A rule whose mesh axes are all absent or of size 1 falls through to the next; a dimension of size None
+    (unknown, e.g. the batch before it is loaded) skips the divisibility test. ``where`` names the tensor
+    in errors.
+    """
+    if len(names) != len(shape):
+        raise ValueError(f"{where}: logical names {tuple(names)} do not match its shape {tuple(shape)}")
+    sizes = dict(mesh.shape)
+    known = {name for name, _ in rules}
+    used: set[str] = set()
+    out: list[str | tuple[str, ...] | None] = []
+    for dim, name in zip(shape, names, strict=True):
+        if name is None:
+            out.append(None)
+            continue
+        if name not in known:
+            raise ValueError(f"{where}: logical axis {name!r} has no rule; known: {sorted(known)}")
+        chosen: tuple[str, ...] = ()
+        for rule_name, value in rules:
+            if rule_name != name:
+                continue
+            if value is None:
+                break
+            # Axes missing from this mesh or of size 1 shard nothing; drop them so specs stay readable.
+            mesh_axes = tuple(a for a in _as_axes(value) if sizes.get(a, 1) > 1)
+            if not mesh_axes or used.intersection(mesh_axes):
+                continue
+            if dim is not None and dim % math.prod(sizes[a] for a in mesh_axes):
+                continue
+            chosen = mesh_axes
+            break
+        used.update(chosen)
+        out.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
+    while out and out[-1] is None:
+        out.pop()
+    return PartitionSpec(*out)
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-    """Sharding constraint on an activation by logical names; the identity when no mesh is active."""
+    """Sharding constraint on an activation by logical names and its shape (a dimension no rule divides
+    stays whole); the identity when no mesh is active."""
     active = _ACTIVE.get()
     if active is None:
         return x
     mesh, rules = active
-    spec = logical_to_spec(names, rules)
+    spec = partition_spec(x.shape, names, mesh, rules, where=f"activation {tuple(names)}")
     return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
 
 
-def batch_mesh_axes() -> tuple[str, ...] | None:
-    """The mesh axes the batch axis of activations shards over under the active mesh, or None outside one
-    (for ``jax.vmap(spmd_axis_name=...)`` over a batch-like axis, so constraints inside keep it split)."""
+def batch_mesh_axes(size: int | None = None) -> tuple[str, ...] | None:
+    """The mesh axes an activation batch axis of ``size`` shards over under the active mesh (as
+    :func:`constrain` places it), or None outside one (for ``jax.vmap(spmd_axis_name=...)`` over a
+    batch-like axis, so constraints inside keep it split)."""
     active = _ACTIVE.get()
     if active is None:
         return None
     mesh, rules = active
-    entry = logical_to_spec((ACT_BATCH,), rules)[0]
-    if entry is None:
-        return None
-    names = (entry,) if isinstance(entry, str) else tuple(entry)
-    return tuple(a for a in names if a in mesh.axis_names) or None
+    spec = partition_spec((size,), (ACT_BATCH,), mesh, rules, where="activation batch")
+    return _as_axes(spec[0]) if spec else None

@@ -24,7 +24,6 @@ from absl import logging
 
 from histeve_jax.parallel import axes, multihost
 from histeve_jax.parallel import mesh as mesh_lib
-from histeve_jax.parallel import sharding as sharding_lib
 from histeve_jax.train import data as data_lib
 from histeve_jax.train import optimizer as optimizer_lib
 from histeve_jax.train import step as step_lib
@@ -127,7 +126,7 @@ def train(spec: RunSpec, stage: Stage | None = None) -> dict[int, dict[str, floa
     stage = stage or policy_stage(spec)
     tx, schedule = optimizer_lib.make_optimizer(spec.optimizer)
     mesh = mesh_lib.mesh_from_config(spec.mesh)
-    rules = sharding_lib.rules_for(spec.sharding)
+    rules = axes.RULES
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=loop.keep_checkpoints,
                         async_save=loop.async_checkpoint)
     state, shardings, data_state = build_state(spec, stage, tx, mesh, rules, ckpt)

@@ -125,7 +125,7 @@ class LoopSpec:
 _LOOP_FIELDS = tuple(f.name for f in dataclasses.fields(LoopSpec))
 _GROUPS = ("data", "record", "synthetic", "model", "optimizer", "mesh")
 _OPTIONAL = ("eval",)  # read by the entry point, not the loop (``histeve_jax.eval.evaluate.EvalSpec``)
-_TOP = ("stage", "variant", "workdir", "distributed", "sharding")
+_TOP = ("stage", "variant", "workdir", "distributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,6 @@ class RunSpec:
     optimizer: dict[str, Any]  # ``train.optimizer``'s fields (it checks them)
     mesh: dict[str, Any]  # ``parallel.mesh.mesh_from_config``'s fields
     distributed: Any  # ``parallel.multihost.initialize_from_config``'s field
-    sharding: str
     closed_loop: dict[str, Any] = dataclasses.field(default_factory=dict)  # the ``eval`` group, if any
     config: Any = dataclasses.field(default=None, compare=False, repr=False)  # the source, saved with runs
 
@@ -166,7 +165,7 @@ class RunSpec:
             record=_read(RecordSpec, config.record, "config.record"),
             synthetic=_read(SyntheticSpec, config.synthetic, "config.synthetic"),
             optimizer=dict(_plain(config.optimizer)), mesh=dict(_plain(config.mesh)),
-            distributed=_plain(config.distributed), sharding=config.sharding,
+            distributed=_plain(config.distributed),
             closed_loop=dict(_plain(config.eval)) if "eval" in config else {}, config=config,
         )
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from histeve_jax.parallel import axes
 from histeve_jax.parallel import sharding as sharding_lib
 from histeve_jax.parallel.axes import Rules
 
@@ -46,7 +47,7 @@ def abstract_train_state(
     model_fn: Callable[[], nnx.Module],
     tx: optax.GradientTransformation,
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh,
-    rules: Rules,
+    rules: Rules = axes.RULES,
 ) -> tuple[TrainState, TrainState]:
     """(abstract state of ShapeDtypeStructs carrying shardings, the sharding tree); allocates nothing."""
     # Shardings come from our rules table at jit boundaries, not from eager per-variable sharding.
@@ -60,7 +61,7 @@ def create_train_state(
     model_fn: Callable[[], nnx.Module],
     tx: optax.GradientTransformation,
     mesh: jax.sharding.Mesh,
-    rules: Rules,
+    rules: Rules = axes.RULES,
 ) -> tuple[TrainState, TrainState]:
     """(initialised TrainState, its sharding tree): ``model_fn`` runs under jit with those out_shardings, so
     every parameter and moment is created already split over the mesh, never whole on one device."""
@@ -76,10 +77,13 @@ def create_train_state(
 
 
 def shard_model_state(
-    model: nnx.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, rules: Rules
+    model: nnx.Module,
+    tx: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    rules: Rules = axes.RULES,
 ) -> tuple[TrainState, TrainState]:
-    """(TrainState, shardings) for an existing (e.g. pretrained, possibly already sharded) model; the
-    optimizer state is built under jit with its shardings."""
+    """(TrainState, shardings) for an existing (e.g. pretrained) model; the optimizer state is built under
+    jit with its shardings. A model ``load_hf`` put on ``mesh`` by the same rules is already in place."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     abstract = jax.eval_shape(lambda p, r: state_from_model(nnx.merge(graphdef, p, r), tx), params, rest)
     shardings = sharding_lib.tree_shardings(abstract, mesh, rules)

@@ -86,16 +86,20 @@ def make_train_step(
     return train_step
 
 
-def batch_sharding(mesh: jax.sharding.Mesh, rules: Rules) -> NamedSharding:
-    """Batch leaves split on their leading axis the way activations' batch axis is (``activation_batch``)."""
-    return NamedSharding(mesh, axes.logical_to_spec((axes.ACT_BATCH,), rules))
+def batch_sharding(
+    mesh: jax.sharding.Mesh, rules: Rules = axes.RULES, batch_size: int | None = None
+) -> NamedSharding:
+    """Batch leaves split on their leading axis the way activations' batch axis is (``activation_batch``);
+    given ``batch_size``, only over axes that divide it."""
+    spec = axes.partition_spec((batch_size,), (axes.ACT_BATCH,), mesh, rules, where="batch")
+    return NamedSharding(mesh, spec)
 
 
 def jit_train_step(
     train_step: Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]],
     state_shardings: TrainState,
     mesh: jax.sharding.Mesh,
-    rules: Rules,
+    rules: Rules = axes.RULES,
     *,
     donate: bool = True,
 ) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:

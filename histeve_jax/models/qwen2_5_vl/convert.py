@@ -20,6 +20,7 @@ from flax import nnx
 from histeve_jax.models.qwen2_5_vl.config import Qwen2_5_VLConfig
 from histeve_jax.models.qwen2_5_vl.model import Qwen2_5_VLModel
 from histeve_jax.models.qwen2_5_vl.weights import load_hf, save_hf
+from histeve_jax.parallel import axes
 
 _EXTRAS = ("scan_layers", "remat", "norm_regimes")
 
@@ -37,8 +38,11 @@ def save_orbax(model: Qwen2_5_VLModel, path: str) -> None:
         ckpt.save(os.path.join(path, "params"), nnx.state(model, nnx.Param), force=True)
 
 
-def load_orbax(path: str, *, mesh: jax.sharding.Mesh | None = None, **overrides) -> Qwen2_5_VLModel:
-    """Reads a checkpoint written by `save_orbax` (parameters restored in their saved layout and dtype)."""
+def load_orbax(
+    path: str, *, mesh: jax.sharding.Mesh | None = None, rules: axes.Rules = axes.RULES, **overrides
+) -> Qwen2_5_VLModel:
+    """Reads a checkpoint written by `save_orbax` (parameters restored in their saved dtype; with a mesh, each
+    placed by its logical names, shape and `rules`, as `load_hf` places it)."""
     path = os.path.abspath(path)
     fn = os.path.join(path, "config.json")
     with open(fn) as f:
@@ -52,14 +56,18 @@ def load_orbax(path: str, *, mesh: jax.sharding.Mesh | None = None, **overrides)
     model = nnx.eval_shape(lambda: Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)))
     abstract = nnx.state(model, nnx.Param)
     if mesh is not None:
-        from histeve_jax.parallel import axes
 
-        def with_sharding(v):
+        def with_sharding(path, v):
             names = v.get_metadata().get("out_sharding") or (None,) * len(v.shape)
-            sh = jax.sharding.NamedSharding(mesh, axes.logical_to_spec(names))
-            return jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh)
+            where = jax.tree_util.keystr(path, simple=True, separator="/")
+            spec = axes.partition_spec(v.shape, names, mesh, rules, where=where)
+            sh = jax.sharding.NamedSharding(mesh, spec)
+            # Keep the Variable around it: the restore target must have the saved tree's structure.
+            return v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh))
 
-        abstract = jax.tree.map(with_sharding, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        abstract = jax.tree_util.tree_map_with_path(
+            with_sharding, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)
+        )
     with ocp.StandardCheckpointer() as ckpt:
         state = ckpt.restore(os.path.join(path, "params"), abstract)
     nnx.update(model, state)

@@ -18,7 +18,7 @@ def param(rngs: nnx.Rngs, shape: Sequence[int], names: Sequence[str | None], dty
     """A parameter whose `out_sharding` metadata holds its logical axis names."""
     if len(shape) != len(names):
         raise ValueError(f"shape {tuple(shape)} and logical names {tuple(names)} differ in rank")
-    # Placement is explicit (load_hf / the parallel helpers map logical names through axes rules), so no
+    # Placement is explicit (load_hf / the parallel helpers resolve logical names by axes.RULES), so no
     # eager sharding at creation.
     return nnx.Param(
         init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(names), eager_sharding=False

@@ -165,7 +165,7 @@ class VisionTower(nnx.Module):
                 f"({n * t * h * w}, {self.cfg_v.patch_dim})"
             )
         x = axes.constrain(pixel_values.reshape(n, t * h * w, -1), (axes.ACT_BATCH, None, None))
-        out = jax.vmap(lambda xi: self._forward(xi, grid[:1]), spmd_axis_name=axes.batch_mesh_axes())(x)
+        out = jax.vmap(lambda xi: self._forward(xi, grid[:1]), spmd_axis_name=axes.batch_mesh_axes(n))(x)
         return out.reshape(n * out.shape[1], out.shape[2])
 
     def _forward(self, pixel_values: jax.Array, grid: tuple) -> jax.Array:

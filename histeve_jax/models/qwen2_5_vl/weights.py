@@ -224,11 +224,12 @@ def _open_checkpoint(path: str) -> tuple[dict[str, tuple[str, str]], dict[str, S
     return key_file, files
 
 
-def _sharding(var: nnx.Variable, mesh, rules) -> jax.sharding.Sharding | None:
+def _sharding(var: nnx.Variable, mesh, rules: axes.Rules, where: str) -> jax.sharding.Sharding | None:
+    """Where the rules put this tensor on ``mesh`` (as the train state's ``tree_shardings`` does)."""
     if mesh is None:
         return None
     names = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
-    return jax.sharding.NamedSharding(mesh, axes.logical_to_spec(names, rules or axes.DEFAULT_RULES))
+    return jax.sharding.NamedSharding(mesh, axes.partition_spec(var.shape, names, mesh, rules, where=where))
 
 
 def load_hf(
@@ -236,11 +237,12 @@ def load_hf(
     *,
     dtype=jnp.float32,
     mesh: jax.sharding.Mesh | None = None,
-    rules: axes.Rules | None = None,
+    rules: axes.Rules = axes.RULES,
     config_overrides: dict[str, Any] | None = None,
 ) -> Qwen2_5_VLModel:
     """Loads a HF `save_pretrained` directory. Parameters (and compute) in `dtype` unless `config_overrides`
-    sets `dtype`/`param_dtype`; with a mesh each tensor is placed by its logical names and `rules`."""
+    sets `dtype`/`param_dtype`; with a mesh each tensor is placed by its logical names, shape and `rules`,
+    just where a train state built from the model puts it (so building that state moves nothing)."""
     overrides = {"dtype": dtype, "param_dtype": dtype, **(config_overrides or {})}
     cfg = Qwen2_5_VLConfig.from_pretrained_dir(path).replace(**overrides)
     model = nnx.eval_shape(lambda: Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)))
@@ -279,7 +281,7 @@ def load_hf(
                 if m.layer < cfg.text.num_hidden_layers - 1:
                     continue
                 val = stacked.pop(m.path)
-            sh = _sharding(var, mesh, rules)
+            sh = _sharding(var, mesh, rules, "/".join(map(str, m.path)))
             if sh is None:
                 var.set_value(jnp.asarray(val))
             else:
