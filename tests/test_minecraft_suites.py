@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import importlib.metadata
 import importlib.util
-import io
 import json
 import os
 import socket
@@ -107,7 +106,7 @@ def test_openha_tasks_translate_minestudio_callbacks_to_commands():
     assert len(summons) == 2
     for c in summons:  # SummonMobsCallback's command, positions inside the ranges
         words = c.split()
-        assert words[:7] == ["/execute", "as", "@p", "at", "@p", "run", "summon"] and words[7] == "minecraft:cow"
+        assert words[:8] == ["/execute", "as", "@p", "at", "@p", "run", "summon", "minecraft:cow"]
         assert -1 <= float(words[8][1:]) <= 1 and words[9] == "~3" and float(words[10][1:]) == 2.0
 
 
@@ -147,9 +146,10 @@ def test_an_openha_task_without_reward_events_is_refused(tmp_path):
 def test_resolve_tasks_expands_splits_and_applies_max_steps():
     spec = SuiteSpec("minestudio_bench", tasks=("simple", "hard/build_gate"), max_steps=77)
     tasks = resolve_tasks(spec)
-    assert [t.key for t in tasks] == [f"simple/{n}" for n in mt.list_bench_tasks("simple")] + ["hard/build_gate"]
-    assert {t.max_steps for t in tasks} == {77}
-    assert [t.key for t in resolve_tasks(SuiteSpec("openha"))] == [f"openha/{n}" for n in mt.list_openha_tasks()]
+    simple = [f"simple/{n}" for n in mt.list_bench_tasks("simple")]
+    assert [t.key for t in tasks] == [*simple, "hard/build_gate"] and {t.max_steps for t in tasks} == {77}
+    openha = [f"openha/{n}" for n in mt.list_openha_tasks()]
+    assert [t.key for t in resolve_tasks(SuiteSpec("openha"))] == openha
     with pytest.raises(ValueError, match="unknown suite 'mcu'"):
         SuiteSpec("mcu")
 
@@ -193,11 +193,12 @@ def _raw(counts):
 
 def test_reward_rule_matches_minestudio_rewards_callback():
     rewards_callback = _minestudio_rewards_callback()
-    cfg = [{"event": "mine_block", "identity": "logs", "objects": ["oak_log", "birch_log"], "reward": 1.0,
-            "max_reward_times": 1},
-           {"event": "craft_item", "identity": "zero", "objects": ["stick"], "reward": 0.0, "max_reward_times": 5},
-           {"event": "pickup", "identity": "never", "objects": ["dirt"], "reward": 2.0, "max_reward_times": 0},
-           {"event": "use_item", "identity": "bread", "objects": ["bread"], "reward": 0.5, "max_reward_times": 2}]
+    ev = lambda event, identity, objects, reward, times: {
+        "event": event, "identity": identity, "objects": objects, "reward": reward, "max_reward_times": times}
+    cfg = [ev("mine_block", "logs", ["oak_log", "birch_log"], 1.0, 1),
+           ev("craft_item", "zero", ["stick"], 0.0, 5),  # pays nothing
+           ev("pickup", "never", ["dirt"], 2.0, 0),  # may pay 0 times
+           ev("use_item", "bread", ["bread"], 0.5, 2)]
     task = mt.task_from_dict({"text": "t", "reward_cfg": cfg}, "t", source="t.yaml")
     items = [("mine_block", "oak_log"), ("mine_block", "birch_log"), ("mine_block", "dirt"),
              ("craft_item", "stick"), ("pickup", "dirt"), ("use_item", "bread"), ("use_item", "apple")]
@@ -231,7 +232,265 @@ def test_reward_paid_at_reset_is_not_a_success():
     res = EpisodeResult(task="mine_oak_log", seed=3, agent="random", episode_id="e0", success=True, steps=0,
                         interrupted=False, error="", progress=1.0, records=[rec], seconds=0.1)
     ep = episode_verdict(task, res)
-    assert not ep.success and "already paid at reset" in ep.error and ep.rewards_paid == ["mine oak_log blocks"]
+    assert not ep.success and "already paid at reset" in ep.error
+    assert ep.rewards_paid == ["mine oak_log blocks"]
     res.steps = 5
     ep = episode_verdict(task, res)
     assert ep.success and not ep.error and ep.rewards_paid == ["mine oak_log blocks"]
+
+
+# ---------------------------------------------------------------------------------------------- VLM judge
+
+
+class ChatServer:
+    """A real HTTP server speaking OpenAI's chat-completions API on localhost: it answers each POST to
+    ``/v1/chat/completions`` with the next canned ``(status, content, delay_s)`` and keeps the requests."""
+
+    def __init__(self, replies):
+        self.replies, self.requests = list(replies), []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "body": body,
+                                       "headers": {k.lower(): v for k, v in self.headers.items()}})
+                status, content, delay = outer.replies.pop(0) if outer.replies else (500, "no reply left", 0)
+                time.sleep(delay)
+                if status == 200:
+                    payload = {"id": f"c{len(outer.requests)}", "object": "chat.completion", "created": 0,
+                               "model": body["model"],
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": content}}],
+                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+                else:
+                    payload = {"error": {"message": content, "type": "server_error"}}
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads, self.httpd.block_on_close = True, False
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def chat_server():
+    servers = []
+
+    def start(replies):
+        servers.append(ChatServer(replies))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def episode_frames():
+    """Frames 0..59 of MineStudio's own recorded build_gate episode (640x360, the render size)."""
+    import av
+
+    with av.open(str(BENCH / "auto_eval/eval_video/build_gate/build_gate_5.mp4")) as c:
+        frames = []
+        for f in c.decode(video=0):
+            frames.append(f.to_ndarray(format="rgb24"))
+            if len(frames) == 60:
+                break
+    return frames
+
+
+CRITERIA = ["Task Progress", "Action Control", "Error Recognition and Correction", "Creative Attempts",
+            "Task Completion Efficiency", "Material Selection and Usage"]
+
+
+def rating(**override):
+    d = {vj.criterion_key(c): {"evidence": f"saw {c}", "score": i + 2} for i, c in enumerate(CRITERIA)}
+    d.update(override)
+    return json.dumps(d)
+
+
+def judge(url, **kw):
+    return vj.VLMJudge(vj.JudgeSpec(base_url=url, api_key="sk-test", model="judge-model", max_images=8,
+                                    timeout_s=kw.pop("timeout_s", 30.0), connection_retries=0, **kw))
+
+
+def test_criteria_come_from_the_installed_prompt():
+    prompt = (BENCH / "auto_eval/prompts/single_rating_prompt.txt").read_text(encoding="utf-8")
+    assert vj.rating_prompt() == prompt
+    assert vj.rating_criteria(prompt) == CRITERIA
+    schema = vj.response_format(CRITERIA)["json_schema"]["schema"]
+    assert schema["required"] == ["task_progress", "action_control", "error_recognition_and_correction",
+                                  "creative_attempts", "task_completion_efficiency",
+                                  "material_selection_and_usage"]
+    assert vj.sample_indices(601, 16) == list(range(0, 601, 40)) and vj.sample_indices(3, 16) == [0, 1, 2]
+
+
+def test_judge_request_carries_the_package_prompt_criteria_and_frames(chat_server, episode_frames):
+    server = chat_server([(200, rating(), 0)])
+    j = judge(server.url).rate("build_gate", episode_frames)
+    assert j.ok and j.attempts == 1 and not j.error
+    assert j.scores == {c: i + 2 for i, c in enumerate(CRITERIA)} and j.score == pytest.approx(4.5)
+    assert j.evidence["Creative Attempts"] == "saw Creative Attempts"
+    (req,) = server.requests
+    assert req["path"] == "/v1/chat/completions" and req["headers"]["authorization"] == "Bearer sk-test"
+    body = req["body"]
+    assert body["model"] == "judge-model" and body["temperature"] == 0.5
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"]["required"][0] == "task_progress"
+    system, user, images = body["messages"]
+    assert system == {"role": "system", "content": vj.rating_prompt()}
+    criteria = (BENCH / "auto_eval/criteria_files/build_gate.txt").read_text(encoding="utf-8")
+    assert user["role"] == "user" and "The task name is build_gate" in user["content"]
+    assert criteria in user["content"]
+    parts = images["content"]
+    assert len(parts) == 8 and all(p["type"] == "image_url" for p in parts)
+    want = [episode_frames[i] for i in vj.sample_indices(60, 8)]
+    for p, frame in zip(parts, want, strict=True):
+        head, data = p["image_url"]["url"].split(",", 1)
+        assert head == "data:image/jpeg;base64"
+        got = decode_frame(base64.b64decode(data))
+        assert got.shape == frame.shape == (360, 640, 3)
+        assert np.abs(got.astype(int) - frame).mean() < 4  # the same frame, JPEG-compressed
+
+
+def test_judge_retries_malformed_replies_with_the_validation_error(chat_server, episode_frames):
+    bad_score = rating(task_progress={"evidence": "x", "score": 11})
+    server = chat_server([(200, "Task Progress: 7", 0), (200, bad_score, 0), (200, rating(), 0)])
+    j = judge(server.url, max_attempts=3).rate("build_gate", episode_frames[:5])
+    assert j.ok and j.attempts == 3
+    second, third = server.requests[1]["body"]["messages"], server.requests[2]["body"]["messages"]
+    assert second[-2] == {"role": "assistant", "content": "Task Progress: 7"}
+    assert "not valid JSON" in second[-1]["content"]
+    assert third[-2]["content"] == bad_score
+    assert "task_progress.score: must be an integer in [0, 10], got 11" in third[-1]["content"]
+
+
+@pytest.mark.parametrize("reply, why", [
+    ("{not json", "not valid JSON"),
+    (rating(task_progress={"evidence": "x", "score": -1}), "task_progress.score"),
+    (rating(action_control={"evidence": "x", "score": True}), "action_control.score"),
+    (json.dumps({"task_progress": {"evidence": "x", "score": 3}}), "action_control: missing"),
+    ("[1, 2]", "must be a JSON object"),
+])
+def test_a_judge_that_never_replies_validly_is_a_counted_failure(chat_server, episode_frames, reply, why):
+    server = chat_server([(200, reply, 0)] * 2)
+    j = judge(server.url, max_attempts=2).rate("build_gate", episode_frames[:3])
+    assert not j.ok and j.attempts == 2 and j.score is None and len(server.requests) == 2
+    assert j.error.startswith("no valid rating after 2 replies; last: ") and why in j.error
+
+
+def _closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_judge_endpoint_down_slow_or_failing_is_a_counted_error(chat_server, episode_frames):
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    j = judge(url).rate("build_gate", episode_frames[:3])
+    assert not j.ok and j.error.startswith(f"judge at {url} is unreachable")
+    slow = chat_server([(200, rating(), 3.0)])
+    t0 = time.monotonic()
+    j = judge(slow.url, timeout_s=0.5).rate("build_gate", episode_frames[:3])
+    assert not j.ok and j.error == f"judge at {slow.url} timed out after 0.5 s"
+    assert time.monotonic() - t0 < 2.5
+    failing = chat_server([(500, "model overloaded", 0)])
+    j = judge(failing.url).rate("build_gate", episode_frames[:3])
+    assert not j.ok and "answered HTTP 500" in j.error and "model overloaded" in j.error
+    j = judge(failing.url).rate("no_such_task", episode_frames[:3])
+    assert not j.ok and "grading criteria of 'no_such_task'" in j.error and j.attempts == 0
+
+
+def test_judge_configuration_from_env_or_config(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert vj.JudgeSpec().missing().startswith("no VLM judge configured: set OPENAI_API_KEY")
+    with pytest.raises(ValueError, match="no VLM judge configured"):
+        vj.VLMJudge(vj.JudgeSpec())
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert vj.JudgeSpec().missing() == ""
+    r = vj.JudgeSpec().resolved()
+    assert (r.api_key, r.base_url) == ("k", "http://127.0.0.1:9/v1")
+    assert vj.JudgeSpec(api_key="c", base_url="http://x/v1").resolved().api_key == "c"
+
+
+# ---------------------------------------------------------------------------------------------- summary
+
+
+def _ep(task, seed, steps, success=False, interrupted=False, judgement=None):
+    return SuiteEpisode(task=task, seed=seed, agent="random", episode_id=f"{task}-{seed}", steps=steps,
+                        success=success, interrupted=interrupted, error="", rewards_paid=[],
+                        judgement=judgement)
+
+
+def test_openha_summary_counts_successes_over_finished_episodes():
+    eps = [_ep("openha/a", 0, 10, True), _ep("openha/a", 1, 400), _ep("openha/a", 2, 30, True),
+           _ep("openha/a", 3, 0, interrupted=True), _ep("openha/b", 0, 400)]
+    rows = summarize("openha", eps)
+    assert rows["openha/a"] == {"episodes": 4, "interrupted": 1, "mean_steps": pytest.approx(440 / 3),
+                                "successes": 2, "success_rate": pytest.approx(2 / 3)}
+    assert rows["openha/b"]["successes"] == 0 and rows["openha/b"]["success_rate"] == 0.0
+    table = format_table("openha", rows).splitlines()
+    assert table[0].split() == ["task", "episodes", "interrupted", "successes", "success_rate", "mean_steps"]
+    assert table[1].split() == ["openha/a", "4", "1", "2", "0.67", "146.67"]
+
+
+def test_bench_summary_separates_judged_failed_and_unjudged_episodes():
+    good = vj.Judgement(True, dict.fromkeys(CRITERIA, 6), dict.fromkeys(CRITERIA, ""), 1, "", 0.1)
+    better = vj.Judgement(True, {**dict.fromkeys(CRITERIA, 8), "Task Progress": 2}, {}, 1, "", 0.1)
+    failed = vj.Judgement(False, {}, {}, 3, "no valid rating after 3 replies; last: x", 0.1)
+    eps = [_ep("simple/a", 0, 600, judgement=good), _ep("simple/a", 1, 600, judgement=better),
+           _ep("simple/a", 2, 600, judgement=failed), _ep("simple/a", 3, 600), _ep("simple/a", 4, 0,
+                                                                                   interrupted=True)]
+    row = summarize("minestudio_bench", eps)["simple/a"]
+    assert (row["episodes"], row["interrupted"], row["judged"], row["judge_errors"], row["unjudged"]) == \
+        (5, 1, 2, 1, 1)
+    assert row["score"] == pytest.approx((6 + (2 + 8 * 5) / 6) / 2)
+    assert row["criteria"]["Task Progress"] == 4.0 and row["criteria"]["Creative Attempts"] == 7.0
+    assert format_table("minestudio_bench", {"simple/b": summarize("minestudio_bench", [
+        _ep("simple/b", 0, 600)])["simple/b"]}).splitlines()[1].split()[-2] == "-"  # no score: unjudged
+
+
+def test_entry_point_says_in_one_line_that_minecraft_cannot_run():
+    from histeve_jax.envs.minestudio import missing_requirements
+
+    if not missing_requirements():
+        pytest.skip("this machine has MineStudio's engine and Java 8")
+    for variant in ("", ":openha"):
+        out = subprocess.run([sys.executable, "-m", "experiments.minecraft_bench",
+                              f"--config=experiments/configs/minecraft_bench.py{variant}"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "OPENAI_API_KEY": ""})
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, lines
+        assert lines[0].startswith("error: MineStudio's Minecraft cannot run here; missing: ")
+        assert "mcprec-6.13.jar" in lines[0] and "Java 8" in lines[0]
+
+
+def test_config_unpacks_into_the_suite_spec():
+    from experiments.configs.minecraft_bench import get_config
+
+    bench = SuiteSpec.from_config(get_config())
+    assert (bench.suite, bench.tasks, bench.max_steps, bench.judge) == ("minestudio_bench", ("simple",), 0,
+                                                                         vj.JudgeSpec())
+    openha = SuiteSpec.from_config(get_config("openha"))
+    assert (openha.suite, openha.tasks, openha.obs_size) == ("openha", (), (224, 224))
+    with pytest.raises(ValueError, match="unknown minecraft_bench variant 'mcu'"):
+        get_config("mcu")
