@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 import yaml
 
-from histeve_jax.data.records import decode_frame
+from histeve_jax.data.records import decode_frame, read_shard, shard_paths
+from histeve_jax.envs import noop_action
 from histeve_jax.envs.minestudio import info_from_sim
 from histeve_jax.envs.tasks import TaskError
 from histeve_jax.eval.rollout import Decision, EpisodeResult, step_record
@@ -39,6 +40,7 @@ from histeve_jax.eval.suites.minecraft import (
     SuiteEpisode,
     SuiteSpec,
     episode_verdict,
+    finish_episode,
     format_table,
     resolve_tasks,
     summarize,
@@ -494,3 +496,51 @@ def test_config_unpacks_into_the_suite_spec():
     assert (openha.suite, openha.tasks, openha.obs_size) == ("openha", (), (224, 224))
     with pytest.raises(ValueError, match="unknown minecraft_bench variant 'mcu'"):
         get_config("mcu")
+
+
+def _episode(task, frames, counts_at):
+    """An EpisodeResult of records built by rollout.step_record from backend-shaped infos (info_from_sim):
+    frame t with the event counts ``counts_at(t)``."""
+    records = []
+    for t, frame in enumerate(frames):
+        info = info_from_sim(_raw(counts_at(t)), cursor=None, held_slot=1)
+        info.update(task=task.name, success=task.is_success(info), steps=t)
+        last = t == len(frames) - 1
+        records.append(step_record(task, f"{task.name}-5-x", t, {"image": frame}, info,
+                                   Decision(action={**noop_action(), "forward": int(not last)}), reward=0.0,
+                                   done=last,
+                                   kind="eval", seed=5, backend="minestudio"))
+    return EpisodeResult(task=task.name, seed=5, agent="random", episode_id=f"{task.name}-5-x",
+                         success=records[-1].completed == 1, steps=len(records) - 1, interrupted=False,
+                         error="", progress=0.0, records=records, seconds=1.0)
+
+
+def test_finish_episode_judges_and_writes_records_and_report(chat_server, episode_frames, tmp_path):
+    task = mt.load_bench_task("simple/build_gate")
+    frames = [np.ascontiguousarray(f[::2, ::2]) for f in episode_frames[:12]]  # 180x320
+    result = _episode(task, frames, lambda t: {})
+    server = chat_server([(200, rating(), 0)])
+    spec = SuiteSpec("minestudio_bench", out_dir=str(tmp_path))
+    ep = finish_episode(spec, task, result, judge(server.url))
+    assert ep.task == "simple/build_gate" and not ep.success and ep.steps == 11
+    assert ep.judgement.ok and ep.judgement.score == pytest.approx(4.5)
+    assert len(server.requests[0]["body"]["messages"][2]["content"]) == 8  # max_images of 12 frames
+    (shard,) = shard_paths(tmp_path / "records" / "simple" / "build_gate")
+    back = list(read_shard(shard))
+    assert [r.step for r in back] == list(range(12)) and back[0].instruction == task.text
+    assert back[3].kind == "eval" and decode_frame(back[3].frame).shape == (180, 320, 3)
+    page = Path(ep.report).read_text()
+    assert ep.report.startswith(str(tmp_path / "reports" / "simple" / "build_gate"))
+    assert "VLM rating 4.50" in page and "saw Task Progress" in page
+    json.dumps(ep.as_dict())  # the summary's form
+
+
+def test_finish_episode_of_an_openha_task_reads_the_reward_events(episode_frames, tmp_path):
+    task = mt.load_openha_task("mine_oak_log")
+    frames = [np.ascontiguousarray(f[::4, ::4]) for f in episode_frames[:6]]
+    result = _episode(task, frames, lambda t: {("mine_block", "oak_log"): 1} if t >= 5 else {})
+    ep = finish_episode(SuiteSpec("openha", out_dir=str(tmp_path)), task, result, None)
+    assert ep.success and ep.steps == 5 and ep.rewards_paid == ["mine oak_log blocks"]
+    assert ep.judgement is None
+    assert [r.completed for r in result.records] == [0, 0, 0, 0, 0, 1]
+    assert Path(ep.report).exists()

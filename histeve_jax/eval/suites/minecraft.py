@@ -181,6 +181,17 @@ def _write_outputs(spec: SuiteSpec, task: MinecraftBenchTask, result: EpisodeRes
                              summary=summary, events=events)
 
 
+def finish_episode(spec: SuiteSpec, task: MinecraftBenchTask, result: EpisodeResult,
+                   judge: VLMJudge | None) -> SuiteEpisode:
+    """The verdict on a played episode, its judgement (Bench, with a judge), its records and report."""
+    ep = episode_verdict(task, result)
+    if judge is not None and not ep.interrupted:
+        ep.judgement = judge.rate(task.name, [r.frame for r in result.records])
+    if result.records:
+        _write_outputs(spec, task, result, ep)
+    return ep
+
+
 def _play(env: Any, make_env: Callable[[], Any], task: MinecraftBenchTask, seed: int,
           make_agent: AgentFactory, retries: int) -> tuple[Any, EpisodeResult]:
     """One episode, retried on a fresh game (same seed) while the game fails; returns (the game, result)."""
@@ -189,13 +200,17 @@ def _play(env: Any, make_env: Callable[[], Any], task: MinecraftBenchTask, seed:
             result = run_episode(env, task.for_seed(seed), seed, make_agent(task.name, seed), kind="eval",
                                  backend="minestudio")
         except Exception as e:  # the game died under us (MinecraftSim raises its own errors): no verdict
-            log.warning("%s seed %d: the game failed (attempt %d): %s", task.key, seed, attempt + 1, e)
+            log.warning("%s seed %d: the game failed (attempt %d): %s", task.key, seed, attempt + 1, e,
+                        exc_info=True)
             result = EpisodeResult(task=task.name, seed=seed, agent="", episode_id="", success=False, steps=0,
                                    interrupted=True, error=f"{type(e).__name__}: {e}", progress=0.0,
                                    records=[], seconds=0.0)
         if not result.interrupted:
             break
-        env.close()
+        try:
+            env.close()
+        except Exception as e:  # a crashed game may not close cleanly; a fresh one replaces it anyway
+            log.warning("closing the failed game: %s", e)
         env = make_env()
     return env, result
 
@@ -230,11 +245,7 @@ def run_suite(spec: SuiteSpec, make_agent: AgentFactory, make_env: Callable[[], 
         for task in tasks:
             for seed in range(spec.seed, spec.seed + spec.episodes):
                 env, result = _play(env, make_env, task, seed, make_agent, spec.retries)
-                ep = episode_verdict(task, result)
-                if judge is not None and not ep.interrupted:
-                    ep.judgement = judge.rate(task.name, [r.frame for r in result.records])
-                if result.records:
-                    _write_outputs(spec, task, result, ep)
+                ep = finish_episode(spec, task, result, judge)
                 episodes.append(ep)
                 progress(_line(spec.suite, ep))
     finally:
