@@ -1,36 +1,27 @@
-"""The Minecraft suites' parts that run without Minecraft: task files, the reward rule, the VLM judge, the
-summary and the entry point's first line.
+"""The Minecraft suites' parts that run without Minecraft: task files, the reward rule, the summary, the
+episode's records and report, and the entry point's first line (the judge: test_minecraft_judge.py).
 
 Oracles: MineStudio's own loader (``minestudio.benchmark.utility.read_conf.convert_yaml_to_callbacks``) and
 its real ``RewardsCallback`` (loaded from the installed package's file; the simulator package itself needs
-cv2, absent here); the package's prompt and criteria files read directly; a real HTTP server on localhost
-speaking the chat-completions API to the real ``openai`` client; frames of the MineStudio package's own
-recorded episode (``auto_eval/eval_video/build_gate/build_gate_5.mp4``). The runners' game loop is
-``run_episode`` on ``MineStudioEnv``; it has not run here (no Minecraft engine, no Java 8).
+cv2, absent here); MineStudio's InitInventoryCallback slot mapping by hand; hand-counted summaries. The
+runners' game loop is ``run_episode`` on ``MineStudioEnv``; it has not run here (no Minecraft engine, no
+Java 8).
 """
 
 from __future__ import annotations
 
-import base64
 import importlib.metadata
 import importlib.util
-import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
-from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from minecraft_suite_helpers import BENCH, CRITERIA, episode_result, raw_info, recorded_frames
 
-from histeve_jax.data.records import decode_frame, read_shard, shard_paths
-from histeve_jax.envs import noop_action
 from histeve_jax.envs.minestudio import info_from_sim
 from histeve_jax.envs.tasks import TaskError
 from histeve_jax.eval.rollout import Decision, EpisodeResult, step_record
@@ -46,7 +37,6 @@ from histeve_jax.eval.suites.minecraft import (
     summarize,
 )
 
-BENCH = mt.minestudio_benchmark_dir()
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -180,19 +170,6 @@ def _minestudio_rewards_callback():
     return mods["rewards"].RewardsCallback
 
 
-def _raw(counts):
-    """MinecraftSim's raw info (ObserveFromFullStats: defaultdicts of 0-d arrays) with event counts."""
-    info = {"inventory": {}, "player_pos": {"x": 0.0, "y": 64.0, "z": 0.0, "pitch": 0.0, "yaw": 0.0},
-            "is_gui_open": False, "health": 20.0}
-    for event in ("mine_block", "craft_item", "pickup", "use_item"):
-        d = defaultdict(lambda: np.zeros((), float))
-        for (e, item), n in counts.items():
-            if e == event:
-                d[item] = np.array(float(n))
-        info[event] = d
-    return info
-
-
 def test_reward_rule_matches_minestudio_rewards_callback():
     rewards_callback = _minestudio_rewards_callback()
     ev = lambda event, identity, objects, reward, times: {
@@ -209,13 +186,13 @@ def test_reward_rule_matches_minestudio_rewards_callback():
     for episode in range(200):
         oracle = rewards_callback(cfg)
         counts = dict.fromkeys(items, 0)
-        oracle.after_reset(None, {}, _raw(counts))
+        oracle.after_reset(None, {}, raw_info(counts))
         paid = False
         for _ in range(12):
             for it in items:  # Minecraft's statistics only grow; most steps change nothing
                 if rng.random() < 0.04:
                     counts[it] += int(rng.integers(1, 3))
-            raw = _raw(counts)
+            raw = raw_info(counts)
             _, reward, *_ = oracle.after_step(None, {}, 0.0, False, False, raw)
             paid = paid or reward > 0  # OpenHA's rule, over the episode so far
             ours = task.is_success(info_from_sim(raw, cursor=None, held_slot=1))
@@ -226,7 +203,7 @@ def test_reward_rule_matches_minestudio_rewards_callback():
 
 def test_reward_paid_at_reset_is_not_a_success():
     task = mt.load_openha_task("mine_oak_log")
-    info = info_from_sim(_raw({("mine_block", "oak_log"): 1}), cursor=None, held_slot=1)
+    info = info_from_sim(raw_info({("mine_block", "oak_log"): 1}), cursor=None, held_slot=1)
     info.update(task=task.name, success=task.is_success(info), steps=0)
     rec = step_record(task, "e0", 0, {"image": np.zeros((8, 8, 3), np.uint8)}, info,
                       Decision(action={}, subtask="done"), reward=0.0, done=True, kind="eval", seed=3,
@@ -239,198 +216,6 @@ def test_reward_paid_at_reset_is_not_a_success():
     res.steps = 5
     ep = episode_verdict(task, res)
     assert ep.success and not ep.error and ep.rewards_paid == ["mine oak_log blocks"]
-
-
-# ---------------------------------------------------------------------------------------------- VLM judge
-
-
-class ChatServer:
-    """A real HTTP server speaking OpenAI's chat-completions API on localhost: it answers each POST to
-    ``/v1/chat/completions`` with the next canned ``(status, content, delay_s)`` and keeps the requests."""
-
-    def __init__(self, replies):
-        self.replies, self.requests = list(replies), []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "body": body,
-                                       "headers": {k.lower(): v for k, v in self.headers.items()}})
-                status, content, delay = outer.replies.pop(0) if outer.replies else (500, "no reply left", 0)
-                time.sleep(delay)
-                if status == 200:
-                    payload = {"id": f"c{len(outer.requests)}", "object": "chat.completion", "created": 0,
-                               "model": body["model"],
-                               "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": content}}],
-                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-                else:
-                    payload = {"error": {"message": content, "type": "server_error"}}
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads, self.httpd.block_on_close = True, False
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def chat_server():
-    servers = []
-
-    def start(replies):
-        servers.append(ChatServer(replies))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.close()
-
-
-@pytest.fixture(scope="module")
-def episode_frames():
-    """Frames 0..59 of MineStudio's own recorded build_gate episode (640x360, the render size)."""
-    import av
-
-    with av.open(str(BENCH / "auto_eval/eval_video/build_gate/build_gate_5.mp4")) as c:
-        frames = []
-        for f in c.decode(video=0):
-            frames.append(f.to_ndarray(format="rgb24"))
-            if len(frames) == 60:
-                break
-    return frames
-
-
-CRITERIA = ["Task Progress", "Action Control", "Error Recognition and Correction", "Creative Attempts",
-            "Task Completion Efficiency", "Material Selection and Usage"]
-
-
-def rating(**override):
-    d = {vj.criterion_key(c): {"evidence": f"saw {c}", "score": i + 2} for i, c in enumerate(CRITERIA)}
-    d.update(override)
-    return json.dumps(d)
-
-
-def judge(url, **kw):
-    return vj.VLMJudge(vj.JudgeSpec(base_url=url, api_key="sk-test", model="judge-model", max_images=8,
-                                    timeout_s=kw.pop("timeout_s", 30.0), connection_retries=0, **kw))
-
-
-def test_criteria_come_from_the_installed_prompt():
-    prompt = (BENCH / "auto_eval/prompts/single_rating_prompt.txt").read_text(encoding="utf-8")
-    assert vj.rating_prompt() == prompt
-    assert vj.rating_criteria(prompt) == CRITERIA
-    schema = vj.response_format(CRITERIA)["json_schema"]["schema"]
-    assert schema["required"] == ["task_progress", "action_control", "error_recognition_and_correction",
-                                  "creative_attempts", "task_completion_efficiency",
-                                  "material_selection_and_usage"]
-    assert vj.sample_indices(601, 16) == list(range(0, 601, 40)) and vj.sample_indices(3, 16) == [0, 1, 2]
-
-
-def test_judge_request_carries_the_package_prompt_criteria_and_frames(chat_server, episode_frames):
-    server = chat_server([(200, rating(), 0)])
-    j = judge(server.url).rate("build_gate", episode_frames)
-    assert j.ok and j.attempts == 1 and not j.error
-    assert j.scores == {c: i + 2 for i, c in enumerate(CRITERIA)} and j.score == pytest.approx(4.5)
-    assert j.evidence["Creative Attempts"] == "saw Creative Attempts"
-    (req,) = server.requests
-    assert req["path"] == "/v1/chat/completions" and req["headers"]["authorization"] == "Bearer sk-test"
-    body = req["body"]
-    assert body["model"] == "judge-model" and body["temperature"] == 0.5
-    assert body["response_format"]["type"] == "json_schema"
-    assert body["response_format"]["json_schema"]["schema"]["required"][0] == "task_progress"
-    system, user, images = body["messages"]
-    assert system == {"role": "system", "content": vj.rating_prompt()}
-    criteria = (BENCH / "auto_eval/criteria_files/build_gate.txt").read_text(encoding="utf-8")
-    assert user["role"] == "user" and "The task name is build_gate" in user["content"]
-    assert criteria in user["content"]
-    parts = images["content"]
-    assert len(parts) == 8 and all(p["type"] == "image_url" for p in parts)
-    want = [episode_frames[i] for i in vj.sample_indices(60, 8)]
-    for p, frame in zip(parts, want, strict=True):
-        head, data = p["image_url"]["url"].split(",", 1)
-        assert head == "data:image/jpeg;base64"
-        got = decode_frame(base64.b64decode(data))
-        assert got.shape == frame.shape == (360, 640, 3)
-        assert np.abs(got.astype(int) - frame).mean() < 4  # the same frame, JPEG-compressed
-
-
-def test_judge_retries_malformed_replies_with_the_validation_error(chat_server, episode_frames):
-    bad_score = rating(task_progress={"evidence": "x", "score": 11})
-    server = chat_server([(200, "Task Progress: 7", 0), (200, bad_score, 0), (200, rating(), 0)])
-    j = judge(server.url, max_attempts=3).rate("build_gate", episode_frames[:5])
-    assert j.ok and j.attempts == 3
-    second, third = server.requests[1]["body"]["messages"], server.requests[2]["body"]["messages"]
-    assert second[-2] == {"role": "assistant", "content": "Task Progress: 7"}
-    assert "not valid JSON" in second[-1]["content"]
-    assert third[-2]["content"] == bad_score
-    assert "task_progress.score: must be an integer in [0, 10], got 11" in third[-1]["content"]
-
-
-@pytest.mark.parametrize("reply, why", [
-    ("{not json", "not valid JSON"),
-    (rating(task_progress={"evidence": "x", "score": -1}), "task_progress.score"),
-    (rating(action_control={"evidence": "x", "score": True}), "action_control.score"),
-    (json.dumps({"task_progress": {"evidence": "x", "score": 3}}), "action_control: missing"),
-    ("[1, 2]", "must be a JSON object"),
-])
-def test_a_judge_that_never_replies_validly_is_a_counted_failure(chat_server, episode_frames, reply, why):
-    server = chat_server([(200, reply, 0)] * 2)
-    j = judge(server.url, max_attempts=2).rate("build_gate", episode_frames[:3])
-    assert not j.ok and j.attempts == 2 and j.score is None and len(server.requests) == 2
-    assert j.error.startswith("no valid rating after 2 replies; last: ") and why in j.error
-
-
-def _closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_judge_endpoint_down_slow_or_failing_is_a_counted_error(chat_server, episode_frames):
-    url = f"http://127.0.0.1:{_closed_port()}/v1"
-    j = judge(url).rate("build_gate", episode_frames[:3])
-    assert not j.ok and j.error.startswith(f"judge at {url} is unreachable")
-    slow = chat_server([(200, rating(), 3.0)])
-    t0 = time.monotonic()
-    j = judge(slow.url, timeout_s=0.5).rate("build_gate", episode_frames[:3])
-    assert not j.ok and j.error == f"judge at {slow.url} timed out after 0.5 s"
-    assert time.monotonic() - t0 < 2.5
-    failing = chat_server([(500, "model overloaded", 0)])
-    j = judge(failing.url).rate("build_gate", episode_frames[:3])
-    assert not j.ok and "answered HTTP 500" in j.error and "model overloaded" in j.error
-    j = judge(failing.url).rate("no_such_task", episode_frames[:3])
-    assert not j.ok and "grading criteria of 'no_such_task'" in j.error and j.attempts == 0
-
-
-def test_judge_configuration_from_env_or_config(monkeypatch):
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    assert vj.JudgeSpec().missing().startswith("no VLM judge configured: set OPENAI_API_KEY")
-    with pytest.raises(ValueError, match="no VLM judge configured"):
-        vj.VLMJudge(vj.JudgeSpec())
-    monkeypatch.setenv("OPENAI_API_KEY", "k")
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    assert vj.JudgeSpec().missing() == ""
-    r = vj.JudgeSpec().resolved()
-    assert (r.api_key, r.base_url) == ("k", "http://127.0.0.1:9/v1")
-    assert vj.JudgeSpec(api_key="c", base_url="http://x/v1").resolved().api_key == "c"
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -498,47 +283,10 @@ def test_config_unpacks_into_the_suite_spec():
         get_config("mcu")
 
 
-def _episode(task, frames, counts_at):
-    """An EpisodeResult of records built by rollout.step_record from backend-shaped infos (info_from_sim):
-    frame t with the event counts ``counts_at(t)``."""
-    records = []
-    for t, frame in enumerate(frames):
-        info = info_from_sim(_raw(counts_at(t)), cursor=None, held_slot=1)
-        info.update(task=task.name, success=task.is_success(info), steps=t)
-        last = t == len(frames) - 1
-        records.append(step_record(task, f"{task.name}-5-x", t, {"image": frame}, info,
-                                   Decision(action={**noop_action(), "forward": int(not last)}), reward=0.0,
-                                   done=last,
-                                   kind="eval", seed=5, backend="minestudio"))
-    return EpisodeResult(task=task.name, seed=5, agent="random", episode_id=f"{task.name}-5-x",
-                         success=records[-1].completed == 1, steps=len(records) - 1, interrupted=False,
-                         error="", progress=0.0, records=records, seconds=1.0)
-
-
-def test_finish_episode_judges_and_writes_records_and_report(chat_server, episode_frames, tmp_path):
-    task = mt.load_bench_task("simple/build_gate")
-    frames = [np.ascontiguousarray(f[::2, ::2]) for f in episode_frames[:12]]  # 180x320
-    result = _episode(task, frames, lambda t: {})
-    server = chat_server([(200, rating(), 0)])
-    spec = SuiteSpec("minestudio_bench", out_dir=str(tmp_path))
-    ep = finish_episode(spec, task, result, judge(server.url))
-    assert ep.task == "simple/build_gate" and not ep.success and ep.steps == 11
-    assert ep.judgement.ok and ep.judgement.score == pytest.approx(4.5)
-    assert len(server.requests[0]["body"]["messages"][2]["content"]) == 8  # max_images of 12 frames
-    (shard,) = shard_paths(tmp_path / "records" / "simple" / "build_gate")
-    back = list(read_shard(shard))
-    assert [r.step for r in back] == list(range(12)) and back[0].instruction == task.text
-    assert back[3].kind == "eval" and decode_frame(back[3].frame).shape == (180, 320, 3)
-    page = Path(ep.report).read_text()
-    assert ep.report.startswith(str(tmp_path / "reports" / "simple" / "build_gate"))
-    assert "VLM rating 4.50" in page and "saw Task Progress" in page
-    json.dumps(ep.as_dict())  # the summary's form
-
-
-def test_finish_episode_of_an_openha_task_reads_the_reward_events(episode_frames, tmp_path):
+def test_finish_episode_of_an_openha_task_reads_the_reward_events(tmp_path):
     task = mt.load_openha_task("mine_oak_log")
-    frames = [np.ascontiguousarray(f[::4, ::4]) for f in episode_frames[:6]]
-    result = _episode(task, frames, lambda t: {("mine_block", "oak_log"): 1} if t >= 5 else {})
+    frames = [np.ascontiguousarray(f[::4, ::4]) for f in recorded_frames(6)]
+    result = episode_result(task, frames, lambda t: {("mine_block", "oak_log"): 1} if t >= 5 else {})
     ep = finish_episode(SuiteSpec("openha", out_dir=str(tmp_path)), task, result, None)
     assert ep.success and ep.steps == 5 and ep.rewards_paid == ["mine oak_log blocks"]
     assert ep.judgement is None
