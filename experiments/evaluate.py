@@ -15,21 +15,10 @@ from experiments.config_cli import define_config
 define_config(os.path.join(os.path.dirname(__file__), "configs", "evaluate.py:tiny"), "Evaluation config.")
 
 
-def report(summary: dict) -> None:
-    """Print the table, where the results are, and the headline line."""
-    from histeve_jax.eval.evaluate import format_table
-
-    h = summary["headline"]
-    print(format_table(summary))
-    print(f"results: {summary['out_dir']}/summary.json; episode reports: {summary['out_dir']}/reports/")
-    print(f"tasks={h['tasks']} mean_success={h['mean_success']:.2f} tasks_over_half={h['tasks_over_half']} "
-          f"expert_mean={h['expert_mean']:.2f}")
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from histeve_jax.eval.evaluate import EvalSpec, evaluate
+    from histeve_jax.eval.evaluate import EvalSpec, evaluate, print_report
 
     c = flags.FLAGS.config
     out_dir = c.out_dir or (os.path.join(c.policy, "eval") if c.policy else "/tmp/histeve_runs/evaluate")
@@ -38,7 +27,7 @@ def main(argv: list[str]) -> None:
         summary = evaluate(spec)
     except (ValueError, FileNotFoundError) as e:  # bad input: one line naming it, before any game starts
         raise SystemExit(f"error: {e}") from None
-    report(summary)
+    print_report(summary)
 
 
 if __name__ == "__main__":

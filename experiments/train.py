@@ -22,8 +22,7 @@ CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 def evaluate_closed_loop(spec: Any) -> dict:
     """Play the trained run in the game on held-out seeds (the config's ``eval`` group) and print the table,
     where the run and its report are, the commands that evaluate or export it, and the headline line."""
-    from experiments.evaluate import report
-    from histeve_jax.eval.evaluate import EvalSpec, evaluate
+    from histeve_jax.eval.evaluate import EvalSpec, evaluate, print_report
 
     fields = {k: v for k, v in spec.closed_loop.items() if k != "enabled"}
     fields["policy"] = spec.workdir
@@ -34,7 +33,7 @@ def evaluate_closed_loop(spec: Any) -> dict:
     print("evaluate again: python3 -m experiments.evaluate --config=experiments/configs/evaluate.py:tiny "
           f"--config.policy={spec.workdir}")
     print(f"export for PyTorch: python3 -m histeve_jax.export --run={spec.workdir} --out=/tmp/histeve_export")
-    report(summary)
+    print_report(summary)
     return summary
 
 

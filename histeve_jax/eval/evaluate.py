@@ -211,6 +211,15 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
     return summary
 
 
+def print_report(summary: Mapping[str, Any]) -> None:
+    """Print the table, where the results are, and the headline line (the entry points' output)."""
+    h = summary["headline"]
+    print(format_table(summary))
+    print(f"results: {summary['out_dir']}/summary.json; episode reports: {summary['out_dir']}/reports/")
+    print(f"tasks={h['tasks']} mean_success={h['mean_success']:.2f} tasks_over_half={h['tasks_over_half']} "
+          f"expert_mean={h['expert_mean']:.2f}")
+
+
 def headline(summary: Mapping[str, Any]) -> dict[str, float]:
     """tasks, mean_success (policy), tasks_over_half (policy rate > 0.5), expert_mean."""
     res = summary["results"]

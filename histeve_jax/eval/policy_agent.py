@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -177,6 +178,7 @@ class PolicyServer:
         self._queue: list[tuple[Observation, int, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
         self.batch_sizes: list[int] = []
+        self.arrivals: list[float] = []  # monotonic time of each request (its callers' step rate)
 
     def layout(self) -> tuple[int, int, str]:
         """(history frames, stride, the run's workdir and step) for the game-side agents."""
@@ -187,9 +189,14 @@ class PolicyServer:
         n = len(self.batch_sizes)
         return {"calls": n, "mean_batch": float(np.mean(self.batch_sizes)) if n else 0.0}
 
+    def request_times(self) -> list[float]:
+        """The arrival time (``time.monotonic``) of every request so far."""
+        return list(self.arrivals)
+
     async def act(self, frames: list[np.ndarray], instruction: str, regime: int) -> dict[str, Any]:
         """One row's action: {"action", "tokens", "logprobs", "regime"}."""
         loop = asyncio.get_running_loop()
+        self.arrivals.append(time.monotonic())
         future = loop.create_future()
         self._queue.append(((frames, instruction), int(regime), future))
         if len(self._queue) >= self.max_batch:
