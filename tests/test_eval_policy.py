@@ -96,6 +96,13 @@ def test_bad_runs_are_one_clear_error(run_dir, tmp_path):
         load_run(str(other))
     with pytest.raises(ValueError, match="no_such_task"):
         check(EvalSpec(tasks=("no_such_task",), episodes=1, seed=0, agents=("expert",)))
+    # A task file the experts do not cover: named before any game starts.
+    from histeve_jax.envs import tasks as tasks_lib
+
+    src = open(os.path.join(os.path.dirname(tasks_lib.__file__), "place_dirt.yaml")).read()
+    (tmp_path / "place_two.yaml").write_text(src.replace("name: place_dirt", "name: place_two"))
+    with pytest.raises(ValueError, match="no scripted expert"):
+        check(EvalSpec(tasks=(str(tmp_path / "place_two.yaml"),), episodes=1, seed=0, agents=("expert",)))
     with pytest.raises(ValueError, match="needs policy="):
         EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("policy",))
 

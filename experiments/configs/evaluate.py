@@ -1,6 +1,12 @@
 """Closed-loop evaluation of a trained run in the game, beside the scripted expert and a random policy.
 
     python -m experiments.evaluate --config=experiments/configs/evaluate.py:tiny --config.policy=<workdir>
+    python -m experiments.evaluate --config=experiments/configs/evaluate.py:atomic --config.policy=<workdir>
+    python -m experiments.evaluate --config=experiments/configs/evaluate.py:longhorizon --config.policy=W
+
+``tiny``: the main job's four atomic tasks; ``atomic``: the Luanti atomic suite (every atomic task with an
+expert, each on its own step budget); ``longhorizon``: the steel pickaxe from scratch (goal success, and the
+fraction of its subgoals verified as diagnostic progress).
 
 Fields are ``histeve_jax.eval.evaluate.EvalSpec``'s. Held-out seeds start at 1000 (the recorder's
 training episodes use seeds 0, 1, ...), fixed here before any result was looked at.
@@ -36,8 +42,19 @@ def eval_fields(variant: str = "tiny") -> ml_collections.ConfigDict:
     c.ray_address = ""
     c.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
     c.codebook = "vpt"
-    if variant not in ("tiny", ""):
-        raise ValueError(f"unknown evaluate config variant {variant!r}; choose 'tiny'")
+    if variant == "atomic":  # the Luanti atomic suite: every atomic task with an expert, its own budget
+        from histeve_jax.envs.experts import EXPERT_TASKS
+
+        c.tasks = EXPERT_TASKS
+        c.max_steps = 0
+    elif variant == "longhorizon":  # the steel pickaxe from scratch: goal success and subgoal progress
+        c.tasks = ("steel_pickaxe",)
+        c.agents = ("policy", "expert")
+        c.episodes = 4
+        c.max_steps = 0
+        c.instances = 1
+    elif variant not in ("tiny", ""):
+        raise ValueError(f"unknown evaluate config variant {variant!r}; choose tiny, atomic or longhorizon")
     return c
 
 
