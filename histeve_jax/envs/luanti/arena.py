@@ -59,6 +59,7 @@ def reset_ops(task: Task) -> list[dict[str, Any]]:
     ops += [
         {"op": "clear_objects", "center": [0, g, 0], "radius": 3 * r},
         {"op": "clear_inventory"},
+        {"op": "set_gui_page"},  # the inventory opens on the crafting grid, whatever page it was left on
     ]
     for it in init.get("inventory") or []:
         if "slot" in it:

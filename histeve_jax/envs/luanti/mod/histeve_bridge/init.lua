@@ -220,6 +220,13 @@ ops.clear_inventory = function(player)
 	end
 end
 
+-- sfinv keeps the page each player's inventory was left on: a click on the "Recipes" tab in one episode
+-- would open the next episode's inventory on the recipe guide instead of the crafting grid. Without
+-- ``page`` this goes to the home page (crafting), which every reset does.
+ops.set_gui_page = function(player, op)
+	if sfinv and sfinv.set_page then sfinv.set_page(player, op.page or sfinv.get_homepage_name(player)) end
+end
+
 ops.give = function(player, op)
 	local left = player:get_inventory():add_item("main", ItemStack(op.item .. " " .. (op.count or 1)))
 	if not left:is_empty() then table.insert(errors, "give: no room for " .. left:to_string()) end
@@ -344,6 +351,7 @@ minetest.register_globalstep(function(dtime)
 		hp = player:get_hp(),
 		breath = player:get_breath(),
 		wield_index = player:get_wield_index(),
+		gui_page = sfinv and sfinv.get_page and sfinv.get_page(player) or "",
 		main = list_of(inv, "main"),
 		craft = list_of(inv, "craft"),
 		events = events,
