@@ -1,5 +1,6 @@
 """Shared fixtures. Tests run offline on CPU; the Qwen2.5-VL fixtures build tiny random HF models."""
 
+import importlib
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,7 +67,24 @@ def qwen_tiny_flax(qwen_tiny_dir):
     return load_hf(qwen_tiny_dir[2])
 
 
-# ---------------------------------------------------------------------- the Luanti game
+# ---------------------------------------------------------------------- installed dependencies and the game
+
+
+def missing_dependency(msg: str) -> None:
+    """Skip the calling test (or module) for a missing installed dependency; under CI=true fail instead, so a
+    CI run without it cannot pass with its tests unrun."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but {msg}", pytrace=False)
+    pytest.skip(msg, allow_module_level=True)
+
+
+def require_module(name: str, install: str):
+    """The imported module ``name``; missing: ``missing_dependency`` (skip, or fail under CI=true)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        missing_dependency(f"the {name} package is not installed ({install}): {e}")
+
 
 
 def pytest_runtest_setup(item):
@@ -76,7 +94,4 @@ def pytest_runtest_setup(item):
     from histeve_jax.envs.luanti import minetest_available
 
     if not minetest_available():
-        msg = "minetest or Xvfb not installed (apt-get install minetest xvfb)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {msg}", pytrace=False)
-        pytest.skip(msg)
+        missing_dependency("minetest or Xvfb not installed (apt-get install minetest xvfb)")

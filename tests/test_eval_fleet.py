@@ -10,11 +10,12 @@ import threading
 import time
 
 import pytest
+from conftest import require_module
 
 pytestmark = pytest.mark.game
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-ray = pytest.importorskip("ray")
+ray = require_module("ray", "pip install ray")
 
 from histeve_jax.envs import load_task, make  # noqa: E402
 from histeve_jax.eval.fleet import EpisodeSpec, Fleet  # noqa: E402

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from conftest import require_module
 
 from experiments.configs.record import get_config
 from experiments.record import run
@@ -14,7 +15,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
 def test_record_on_two_games_writes_episodes_in_task_then_seed_order(tmp_path):
-    pytest.importorskip("ray")
+    require_module("ray", "pip install ray")
     cfg = get_config("tiny")
     # craft_planks takes ~4x the steps of place_dirt, so on two games the place_dirt episodes finish first
     cfg.tasks = ("craft_planks", "place_dirt")
