@@ -31,5 +31,8 @@ fi
 "$PY" -m pip install "${pip_flags[@]}" "torch==2.13.0"
 "$PY" -m pip install "${pip_flags[@]}" -e "$here[test]"
 # MineStudio's full dependency set pins numpy<2 (through gym3) and breaks jax; we need only its pure-Python
-# vpt_lib (the action-space oracle) and the MinecraftSim wrapper code, so no dependencies.
-"$PY" -c 'import minestudio' >/dev/null 2>&1 || "$PY" -m pip install "${pip_flags[@]}" --no-deps minestudio
+# vpt_lib (the action-space oracle) and the MinecraftSim wrapper code, so no dependencies. Pinned: the
+# action-space, converter and suite tests were checked against this version's code and task files.
+MINESTUDIO_VERSION=1.1.6
+"$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('minestudio') != '$MINESTUDIO_VERSION')" \
+  >/dev/null 2>&1 || "$PY" -m pip install "${pip_flags[@]}" --no-deps "minestudio==$MINESTUDIO_VERSION"
