@@ -163,3 +163,49 @@ def test_sampler_reads_current_weights_and_refuses_a_replaced_graph(qwen_tiny_di
     np.testing.assert_array_equal(
         np.asarray(sampler(ids, mask, **kw).tokens), np.asarray(generate(model, ids, mask, **kw).tokens)
     )
+
+
+def _nucleus(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
+    """softmax(logits / T) over the smallest set of most likely tokens whose mass reaches top_p (the most
+    likely token always kept), renormalised: float64, per row."""
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = np.zeros_like(p)
+    for b, row in enumerate(p):
+        order = np.argsort(-row, kind="stable")
+        before = np.cumsum(row[order]) - row[order]
+        keep = order[(before < top_p) | (np.arange(len(order)) == 0)]
+        out[b, keep] = row[keep] / row[keep].sum()
+    return out
+
+
+# Row 0 has a disallowed token (-inf); its nucleus boundary at top_p = 0.8 falls inside a token's mass.
+SAMPLE_LOGITS = np.asarray([[2.0, 1.5, -np.inf, 1.0, 0.4, 0.0, -0.5, 1.2, -1.0, 0.3],
+                            [0.1, -0.3, 0.5, 0.0, 0.9, -2.0, 0.2, 0.4, -0.1, 0.6]], np.float32)
+
+
+def test_sampled_frequencies_are_the_renormalised_nucleus_of_the_tempered_softmax():
+    """20k draws per row and setting: counts within 5 binomial std of N * q, none outside the nucleus, and
+    each token's log-probability is log q (q = softmax(logits / T) renormalised over the top-p nucleus)."""
+    from histeve_jax.models.qwen2_5_vl.generate import sample_token
+
+    n = 20_000
+    logits = jnp.asarray(SAMPLE_LOGITS)
+    # One program for every setting: temperature and top_p are traced.
+    draw = jax.jit(jax.vmap(lambda k, t, p: sample_token(logits, k, t, p, False), in_axes=(0, None, None)))
+    keys = jax.random.split(jax.random.key(0), n)
+    for temperature, top_p in [(0.7, 0.8), (1.6, 1.0), (1.0, 0.45)]:
+        want = _nucleus(SAMPLE_LOGITS, temperature, top_p)
+        if top_p < 1:  # the nucleus really cuts tokens off
+            assert ((want > 0).sum(-1) < np.isfinite(SAMPLE_LOGITS).sum(-1)).all()
+        tokens, logp = (np.asarray(x) for x in draw(keys, temperature, top_p))  # [n, 2]
+        for b in range(SAMPLE_LOGITS.shape[0]):
+            counts = np.bincount(tokens[:, b], minlength=SAMPLE_LOGITS.shape[1])
+            q = want[b]
+            where = (temperature, top_p, b)
+            assert (counts[q == 0] == 0).all(), (where, counts, q)
+            std = np.sqrt(n * q * (1 - q))
+            assert (np.abs(counts - n * q) <= 5 * std).all(), (where, counts, np.round(n * q))
+            np.testing.assert_allclose(logp[:, b], np.log(q[tokens[:, b]]), rtol=1e-5, atol=1e-6,
+                                       err_msg=str(where))
