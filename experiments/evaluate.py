@@ -18,8 +18,11 @@ define_config(os.path.join(os.path.dirname(__file__), "configs", "evaluate.py:ti
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from absl import logging
+
     from histeve_jax.eval.evaluate import EvalSpec, evaluate, print_report
 
+    logging.set_verbosity(logging.WARNING)  # orbax's restore chatter would bury the table
     c = flags.FLAGS.config
     out_dir = c.out_dir or (os.path.join(c.policy, "eval") if c.policy else "/tmp/histeve_runs/evaluate")
     try:

@@ -21,6 +21,29 @@ def test_every_expert_task_is_shipped_and_has_an_expert():
         expert_for(odd)
 
 
+def test_cursor_moves_are_bin_centres_and_converge():
+    """The GUI experts' cursor moves are exactly representable as action tokens (token round trip), and the
+    walk from any pixel offset ends within the smallest bin's reach instead of oscillating."""
+    import numpy as np
+
+    from histeve_jax.actions.tokens import ActionVocab
+    from histeve_jax.envs.experts import cursor_move
+
+    vocab = ActionVocab.contiguous("vpt", 0)
+    rng = np.random.default_rng(0)
+    for dx, dy in rng.uniform(-300, 300, size=(200, 2)):
+        action = {**base.noop_action(), "camera": np.asarray(cursor_move(dx, dy), np.float32)}
+        back, _ = vocab.decode(vocab.encode(action, 1))
+        np.testing.assert_allclose(back["camera"], action["camera"], atol=1e-5)
+        x, y = 0.0, 0.0
+        for _ in range(40):  # the env moves the cursor by PIXELS_PER_DEGREE px per degree
+            move = cursor_move(dx - x, dy - y)
+            if move == (0.0, 0.0):
+                break
+            y, x = y + move[0] * base.PIXELS_PER_DEGREE, x + move[1] * base.PIXELS_PER_DEGREE
+        assert move == (0.0, 0.0) and abs(dx - x) <= 2.1 and abs(dy - y) <= 2.1
+
+
 def test_gui_geometry_is_a_grid():
     assert SLOT_XY[1][1] == SLOT_XY[8][1] and SLOT_XY[9][0] == SLOT_XY[1][0]
     assert [SLOT_XY[i + 1][0] for i in range(8)] == sorted(SLOT_XY[i + 1][0] for i in range(8))

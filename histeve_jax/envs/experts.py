@@ -3,6 +3,10 @@
 Each expert is a small state machine: ``act(info) -> (action, subtask)``, where ``subtask`` names the phase
 the step belongs to (the recorder stores it, so subtask boundaries are where the name changes). Camera motion
 is limited to ``MAX_TURN`` degrees per step in both regimes, so every expert action lies in VPT's camera bins.
+In a GUI every cursor move is moreover one of the VPT codebook's bin centres (``cursor_move``): the policy
+acts through those bins, and the expert's continuous moves, quantised, would land the cursor up to ~9 px
+off the path the expert took (inventory slots are 26 px apart), so its demonstrations would not be
+repeatable in the policy's own action space; on bin centres they are, token for token.
 
 GUI geometry (``SLOT_XY``, ``CRAFT_XY``, ``CRAFT_OUTPUT_XY``, ``FURNACE_*``) is minetest_game's sfinv
 crafting page and furnace formspec measured on the 640x360 render with gui_scaling 1 (the config
@@ -18,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from histeve_jax.actions.codebook import get_codebook
 from histeve_jax.envs.base import PIXELS_PER_DEGREE, noop_action, wrap_degrees, yaw_pitch_to
 from histeve_jax.envs.tasks import Task
 
@@ -55,6 +60,17 @@ def _act(**kw: Any) -> dict[str, Any]:
     for k, v in kw.items():
         a[k] = np.asarray(v, np.float32) if k == "camera" else v
     return a
+
+
+def cursor_move(dx_px: float, dy_px: float, codebook: str = "vpt") -> tuple[float, float]:
+    """The camera action (dpitch, dyaw) in degrees towards a cursor target (dx, dy) pixels away: per axis the
+    codebook's bin centre nearest to the distance (in degrees, not in the mu-law domain the codebook rounds
+    in, which would overshoot small distances back and forth); (0, 0) when no bin gets closer."""
+    cb = get_codebook(codebook)
+    centres = cb.undiscretize(np.arange(cb.n_bins))
+    deg = np.array([dy_px, dx_px]) / PIXELS_PER_DEGREE
+    snapped = centres[np.abs(deg[:, None] - centres[None, :]).argmin(1)]
+    return float(snapped[0]), float(snapped[1])
 
 
 def _clamp(v: float, m: float = MAX_TURN) -> float:
@@ -171,10 +187,10 @@ class Expert:
                 yield noop_action(), subtask
                 continue
             cx, cy = self.info["cursor"]
-            dx, dy = xy[0] - cx, xy[1] - cy
-            if abs(dx) <= 1 and abs(dy) <= 1:
+            move = cursor_move(xy[0] - cx, xy[1] - cy)
+            if move == (0.0, 0.0):  # within ~2 px: as close as the action space gets
                 return
-            yield _act(camera=[_clamp(dy / PIXELS_PER_DEGREE), _clamp(dx / PIXELS_PER_DEGREE)]), subtask
+            yield _act(camera=list(move)), subtask
         raise RuntimeError(f"cursor did not reach {xy} (at {self.info['cursor']})")
 
     def click(self, button: str, subtask: str, settle: int = 3):
