@@ -1,0 +1,45 @@
+"""The long-horizon suite: the harness on long-horizon Luanti tasks with injected failures.
+
+    python -m experiments.longhorizon [--config=experiments/configs/longhorizon.py:tiny]
+        [--config.policy=<workdir>] [--config.planner=rules|endpoint|local]
+
+Fields are ``histeve_jax.harness.suite.SuiteSpec``'s plus the planner's. Seeds start at 1000 (held out from
+the recorder's training seeds), fixed before any result was looked at.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+TASKS = ("wooden_pickaxe", "dirt_wall", "stone_pickaxe", "steel_pickaxe")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variant = arg or "tiny"
+    c = ml_collections.ConfigDict()
+    c.tasks = TASKS
+    c.episodes = 1  # per task and executor
+    c.seed = 1000
+    c.executors = ("expert", "policy")  # policy runs only with a policy workdir
+    c.policy = ""
+    c.step = -1
+    c.greedy = False
+    c.temperature = 1.0
+    c.inject = True
+    c.max_steps = 0  # 0: the task's budget for experts, policy_max_steps for the policy
+    c.policy_max_steps = 2000
+    c.obs_size = (56, 56)
+    c.out_dir = "/tmp/histeve_runs/longhorizon"
+    c.reports = 1
+    c.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
+    c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)
+    c.endpoint = ml_collections.ConfigDict({
+        "base_url": "", "model": "gpt-4o", "api_key": "", "timeout_s": 60.0, "max_attempts": 3,
+        "max_tokens": 128})
+    c.local_model = ""  # planner=local: a Qwen2.5-VL save_pretrained directory
+    c.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3})
+    if variant == "full":
+        c.episodes = 10
+    elif variant != "tiny":
+        raise ValueError(f"unknown longhorizon config variant {variant!r}; choose 'tiny' or 'full'")
+    return c

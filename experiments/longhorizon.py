@@ -1,0 +1,81 @@
+"""The harness on long-horizon Luanti tasks (steel pickaxe from scratch and more) with injected failures:
+final-goal success and diagnostic progress for the expert executors and a trained policy (beside the same
+policy given only the final goal).
+
+    python -m experiments.longhorizon [--config=experiments/configs/longhorizon.py:tiny]
+        [--config.policy=<workdir>] [--config.planner=rules|endpoint|local]
+
+The last line: ``goal_success_expert=<a> progress_expert=<b> goal_success_policy=<c> progress_policy=<d>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from absl import app, flags
+
+from experiments.config_cli import define_config
+
+define_config(os.path.join(os.path.dirname(__file__), "configs", "longhorizon.py:tiny"), "Suite config.")
+
+
+def make_planner(c):
+    """The configured planner backend."""
+    from histeve_jax.harness.planners.rules import RulesPlanner
+
+    if c.planner == "rules":
+        return RulesPlanner()
+    if c.planner == "endpoint":
+        from histeve_jax.harness.planners.openai import EndpointPlanner, EndpointSpec
+
+        return EndpointPlanner(EndpointSpec(**dict(c.endpoint)))
+    if c.planner == "local":
+        from histeve_jax.harness.planners.local import LocalModel, LocalPlanner
+
+        if not c.local_model:
+            raise ValueError("planner=local needs --config.local_model=<a Qwen2.5-VL directory>")
+        return LocalPlanner(LocalModel(c.local_model), max_attempts=c.endpoint.max_attempts,
+                            max_tokens=c.endpoint.max_tokens)
+    raise ValueError(f"planner: unknown {c.planner!r}; choose rules, endpoint or local")
+
+
+def _fmt(summary: dict, ex: str, key: str) -> str:
+    v = summary["by_executor"].get(ex, {}).get(key)
+    return "n/a" if v is None or v != v else f"{v:.2f}"
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from histeve_jax.harness.controller import HarnessSpec
+    from histeve_jax.harness.suite import SuiteSpec, run_suite
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    c = flags.FLAGS.config
+    executors = tuple(e for e in c.executors if e != "policy" or c.policy)
+    try:
+        spec = SuiteSpec(tasks=tuple(c.tasks), episodes=c.episodes, seed=c.seed, executors=executors,
+                         policy=c.policy, step=None if c.step < 0 else c.step, greedy=c.greedy,
+                         temperature=c.temperature, inject=c.inject, max_steps=c.max_steps,
+                         policy_max_steps=c.policy_max_steps, obs_size=tuple(c.obs_size), out_dir=c.out_dir,
+                         reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)))
+        planner = make_planner(c)
+        summary = run_suite(spec, planner)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line naming it
+        raise SystemExit(f"error: {e}") from None
+    for r in summary["rows"]:
+        print(f"{r['executor']:18s} {r['task']:15s} seed {r['seed']}: success={r['success']} "
+              f"progress={r['progress']:.2f} steps={r['steps']} ({r['seconds']:.0f} s) {r['error']}")
+    for ex, s in summary["by_executor"].items():
+        print(f"{ex}: goal_success={s['goal_success']:.2f} progress={s['progress']:.2f} over {s['episodes']} "
+              f"episodes ({s['interrupted']} interrupted)")
+    print(f"results: {summary['out_dir']}/summary.json")
+    print(f"goal_success_expert={_fmt(summary, 'expert', 'goal_success')} "
+          f"progress_expert={_fmt(summary, 'expert', 'progress')} "
+          f"goal_success_policy={_fmt(summary, 'policy', 'goal_success')} "
+          f"progress_policy={_fmt(summary, 'policy', 'progress')}")
+
+
+if __name__ == "__main__":
+    app.run(main)

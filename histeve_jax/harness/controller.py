@@ -1,0 +1,223 @@
+"""The controller: plan a subtask, hand it to the executor in a bounded invocation, verify, then advance,
+recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any agent.
+
+Handoff: an invocation runs until the completion signal fires (probability over ``threshold`` on
+``consecutive`` queries, the paper's detector rule), the subtask's step budget is spent, the executor stops
+or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is a hook
+(``CompletionSignal``): until the detector (``histeve_jax.detector``) lands, ``PrivilegedCompletion``
+reports the subtask's privileged completion check as probability 0 or 1. After each invocation the harness
+verifies (``verify.verify``), writes the episodic entry, learns procedural dependencies from a success,
+refreshes world and working memory, and decides (``verify.decide``).
+
+Everything the harness did is kept for the report: ``events`` (planner calls, verifications, memory
+snapshots, each at its step) and ``series["completion"]`` (the completion signal at every step). A planner
+that fails ``max_planner_failures`` times in a row ends the episode as a failure, with its record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from histeve_jax.envs.tasks import Task
+from histeve_jax.eval.rollout import Decision
+from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
+from histeve_jax.harness.planners.base import Planner, PlanningContext
+from histeve_jax.harness.schemas import Subtask, SubtaskSchema, evaluate_condition
+from histeve_jax.harness.verify import VISUAL_JUMP, ChangeMonitor, decide, verify
+
+
+class CompletionSignal(Protocol):
+    """The completion detector's interface: a probability that the current instruction is done."""
+
+    def reset(self, subtask: Subtask, obs: dict, info: dict) -> None: ...
+
+    def probability(self, obs: dict, info: dict) -> float: ...
+
+
+class PrivilegedCompletion:
+    """The stand-in detector: the subtask's completion check on the privileged info, as 0 or 1."""
+
+    def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
+        self.subtask = subtask
+
+    def probability(self, obs: dict, info: dict) -> float:
+        return float(self.subtask.is_complete(info))
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessSpec:
+    """The controller's knobs."""
+
+    max_recoveries: int = 2  # local retries of one subtask before replanning
+    max_planner_failures: int = 3  # consecutive planning steps without an executable subtask
+    max_invocations: int = 60
+    threshold: float = 0.5  # completion probability
+    consecutive: int = 2  # queries over threshold before control returns (the paper's rule)
+    recent_frames: int = 4  # O_j: frames the planner sees
+    visual_jump: float = VISUAL_JUMP
+
+
+class HarnessAgent:
+    """The harness as an Agent: ``reset`` then ``act`` per step (see the module docstring)."""
+
+    def __init__(self, planner: Planner, executor: Any, schemas: Mapping[str, SubtaskSchema],
+                 spec: HarnessSpec = HarnessSpec(), procedural: ProceduralMemory | None = None,
+                 completion: CompletionSignal | None = None):
+        self.planner, self.executor, self.schemas, self.spec = planner, executor, dict(schemas), spec
+        self.procedural = procedural if procedural is not None else ProceduralMemory()
+        self.completion = completion or PrivilegedCompletion()
+        self.name = f"harness[{planner.name}+{executor.name}]"
+
+    # ------------------------------------------------------------------------------------------ episode
+
+    def reset(self, task: Task, obs: dict, info: dict, seed: int) -> None:
+        self.task = task
+        self.memory = Memory(task.text, self.procedural)
+        self.events: list[dict[str, Any]] = []
+        self.series: dict[str, list[float | None]] = {"completion": []}
+        self.t = 0  # steps acted so far (= the record index of the next step)
+        self.frames: deque[np.ndarray] = deque(maxlen=self.spec.recent_frames)
+        self.current: Subtask | None = None
+        self.recoveries = 0
+        self.planner_failures = 0
+        self.invocations = 0
+        self.counts = {"planner_calls": 0, "planner_retries": 0, "planner_failures": 0, "recoveries": 0,
+                       "replans": 0, "advances": 0}
+        self.memory.world.observe(info, 0)
+        self._observe(info)
+
+    def _unresolved(self, info: Mapping[str, Any]) -> list[str]:
+        out = []
+        for key, clause in self.task.success.items():
+            if isinstance(clause, Mapping):
+                out += [f"{key} {item} {cond}" for item, cond in clause.items()
+                        if not evaluate_condition({key: {item: cond}}, info)]
+        return out
+
+    def _observe(self, info: Mapping[str, Any]) -> None:
+        self.memory.working.observe(info, self._unresolved(info))
+
+    def _event(self, kind: str, title: str, payload: Any) -> None:
+        self.events.append({"step": self.t, "kind": kind, "title": title, "payload": payload})
+
+    # ------------------------------------------------------------------------------------------ planning
+
+    def admissible(self, info: Mapping[str, Any]) -> dict[str, SubtaskSchema]:
+        """S_j: the schemas whose applicability conditions hold on ``info``."""
+        return {n: s for n, s in self.schemas.items() if evaluate_condition(s.applicable, info)}
+
+    def _plan(self, obs: dict, info: dict) -> None:
+        admissible = self.admissible(info)
+        ctx = PlanningContext(
+            goal=self.task.text, goal_check=self.task.success, subgoals=self.task.subgoals,
+            frames=list(self.frames), info=info, working=self.memory.working.snapshot(),
+            admissible=admissible,
+            retrieved=self.memory.retrieve(admissible, info), schemas=self.schemas)
+        result = self.planner.plan(ctx)
+        self.counts["planner_calls"] += 1
+        self.counts["planner_retries"] += max(0, result.attempts - 1)
+        chosen = result.subtask.label if result.subtask else "no subtask"
+        self._event("planner", f"{result.planner}: {chosen}",
+                    {**result.event(), "admissible": sorted(admissible)})
+        if result.subtask is None:
+            self.counts["planner_failures"] += 1
+            self.planner_failures += 1
+            if self.planner_failures >= self.spec.max_planner_failures:
+                raise RuntimeError(f"the planner gave no executable subtask {self.planner_failures} times "
+                                   f"in a row; last: {result.error}")
+            return
+        self.planner_failures = 0
+        self.recoveries = 0
+        self._start(result.subtask, obs, info)
+
+    def _start(self, subtask: Subtask, obs: dict, info: dict) -> None:
+        self.invocations += 1
+        if self.invocations > self.spec.max_invocations:
+            raise RuntimeError(f"more than {self.spec.max_invocations} invocations")
+        self.current = subtask
+        self.memory.working.current = subtask.label
+        self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
+        self.last_camera = None
+        self.before = self.memory.working.snapshot()
+        self.monitor = ChangeMonitor(self.spec.visual_jump)
+        self.monitor.push(obs["image"], info)
+        self.completion.reset(subtask, obs, info)
+        self.executor.start(subtask, obs, info)
+
+    # ------------------------------------------------------------------------------------------ handoff
+
+    def _end(self, obs: dict, info: dict, ended_by: str, error: str = "") -> None:
+        sub = self.current
+        verdict = verify(sub, self.inv_info, info, ended_by=ended_by, monitor=self.monitor, error=error)
+        decision = decide(verdict, self.recoveries, self.spec.max_recoveries)
+        self.memory.world.observe(info, self.t, label=sub.label)
+        if verdict.outcome == "success":
+            self.memory.working.verified.append(sub.label)
+            self.memory.procedural.learn(sub.label, sub.name, sub.params, self.inv_info, info, self.inv_steps)
+        else:
+            self.memory.working.fail(sub.label, verdict.outcome, verdict.reasons)
+        self._observe(info)
+        self.memory.episodic.append(EpisodicEntry(
+            index=len(self.memory.episodic), subtask=sub.label, name=sub.name, params=dict(sub.params),
+            start_step=self.inv_start, cost=self.inv_steps, outcome=verdict.outcome, decision=decision,
+            before=self.before, after=self.memory.working.snapshot(), diagnostics=verdict.to_json()))
+        self.counts[{"advance": "advances", "recover": "recoveries", "replan": "replans"}[decision]] += 1
+        self._event("verify", f"{sub.label}: {verdict.outcome} -> {decision}", verdict.to_json())
+        self._event("memory", f"memory after {sub.label}", {
+            "working": self.memory.working.snapshot(),
+            "retrieved": self.memory.retrieve(self.schemas, info)})
+        self.current = None
+        if decision == "recover":
+            self.recoveries += 1
+            self._start(sub, obs, info)
+
+    def _ended(self, obs: dict, info: dict) -> str:
+        """Why the current invocation should end before this step ("" to go on)."""
+        p = float(self.completion.probability(obs, info))
+        self.series["completion"].append(p)
+        self.over = self.over + 1 if p > self.spec.threshold else 0
+        if self.over >= self.spec.consecutive:
+            return "detector"
+        if self.monitor.push(obs["image"], info, self.last_camera):
+            return "visual_change"
+        if self.inv_steps >= self.current.budget:
+            return "budget"
+        return ""
+
+    def act(self, obs: dict, info: dict) -> Decision:
+        self.frames.append(np.asarray(obs["image"]))
+        queried = False
+        for _ in range(4 * self.spec.max_invocations):  # ends, plans and restarts within one step
+            if self.current is None:
+                self._plan(obs, info)
+                continue
+            if not queried or self.inv_steps == 0:
+                queried = True
+                why = self._ended(obs, info) if self.inv_steps > 0 else ""
+                if why:
+                    self._end(obs, info, why)
+                    continue
+            try:
+                decision = self.executor.act(obs, info)
+            except RuntimeError as e:
+                self._end(obs, info, "gave_up", str(e))
+                continue
+            if decision.subtask == "done":
+                self._end(obs, info, "executor_done")
+                continue
+            self.inv_steps += 1
+            self.t += 1
+            self.last_camera = decision.action.get("camera")
+            if len(self.series["completion"]) < self.t:
+                self.series["completion"].append(None)
+            return decision
+        raise RuntimeError("the harness ended and restarted invocations without acting")
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of planner calls, retries, failures, recoveries, replans, advances."""
+        return dict(self.counts, invocations=self.invocations)

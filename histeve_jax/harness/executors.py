@@ -1,0 +1,146 @@
+"""Executors of one subtask invocation: the scripted experts (the harness's upper bound) and a trained policy.
+
+An executor is told the instantiated subtask at the start of each invocation (``start``) and then acts one
+step at a time (``act``), returning a ``rollout.Decision``; ``subtask == "done"`` means it has nothing more
+to do, a ``RuntimeError`` that it gave up. The expert for a subtask is built from its parameters
+(``EXPERT_MAKERS``: the targets of ``envs.experts``' atomic experts are the parameters' counts); the policy
+is told only the subtask's instruction, the atomic task's text it was trained on, and sees frames in its
+training window layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from histeve_jax.envs.experts import (
+    FURNACE_SPOT,
+    CraftExpert,
+    Expert,
+    MineExpert,
+    PlaceExpert,
+    SmeltExpert,
+)
+from histeve_jax.envs.tasks import Task, load_task
+from histeve_jax.eval.rollout import Decision
+from histeve_jax.harness.schemas import Subtask
+
+PICKAXES = ("default:pick_steel", "default:pick_stone", "default:pick_wood")  # best first
+
+
+def _best_pick(info: Mapping[str, Any], allowed: tuple[str, ...] = PICKAXES) -> str | None:
+    inv = info.get("inventory") or {}
+    return next((p for p in PICKAXES if p in allowed and inv.get(p, 0) > 0), None)
+
+
+def _furnace(info: Mapping[str, Any]) -> tuple[int, int, int]:
+    x, _, z = info["pos"]
+    found = [p for n, p in info.get("nearby") or [] if n == "default:furnace"]
+    if not found:
+        raise RuntimeError("no furnace in sight to smelt in")
+    return tuple(int(v) for v in min(found, key=lambda p: math.hypot(p[0] - x, p[2] - z)))
+
+
+def _count(s: Subtask) -> int:
+    return int(s.params.get("count", 1))
+
+
+ExpertMaker = Callable[[Task, Subtask, Mapping[str, Any]], Expert]
+EXPERT_MAKERS: dict[str, ExpertMaker] = {
+    "mine_log": lambda t, s, i: MineExpert(t, ("default:tree",), "default:tree", goal=_count(s)),
+    "mine_dirt": lambda t, s, i: MineExpert(t, ("default:dirt_with_grass", "default:dirt"), "default:dirt",
+                                            goal=_count(s), face="top"),
+    "mine_stone": lambda t, s, i: MineExpert(t, ("default:stone",), "default:cobble", goal=_count(s),
+                                             tool=_best_pick(i)),
+    "mine_coal": lambda t, s, i: MineExpert(t, ("default:stone_with_coal",), "default:coal_lump",
+                                            goal=_count(s), tool=_best_pick(i)),
+    "mine_iron": lambda t, s, i: MineExpert(t, ("default:stone_with_iron",), "default:iron_lump",
+                                            goal=_count(s), tool=_best_pick(i, PICKAXES[:2])),
+    "craft_planks": lambda t, s, i: CraftExpert(t, "default:wood", _count(s)),
+    "craft_sticks": lambda t, s, i: CraftExpert(t, "default:stick", _count(s)),
+    "craft_wooden_pickaxe": lambda t, s, i: CraftExpert(t, "default:pick_wood", 1),
+    "craft_stone_pickaxe": lambda t, s, i: CraftExpert(t, "default:pick_stone", 1),
+    "craft_steel_pickaxe": lambda t, s, i: CraftExpert(t, "default:pick_steel", 1),
+    "craft_furnace": lambda t, s, i: CraftExpert(t, "default:furnace", 1),
+    "smelt_iron": lambda t, s, i: SmeltExpert(t, _furnace(i), "default:iron_lump", "default:coal_lump",
+                                              "default:steel_ingot", goal=_count(s)),
+    "place_furnace": lambda t, s, i: PlaceExpert(t, "default:furnace", [FURNACE_SPOT]),
+    "build_wall": lambda t, s, i: PlaceExpert(t, "default:dirt", [(-1, 2), (0, 2), (1, 2)]),
+    "place_dirt": lambda t, s, i: PlaceExpert(t, "default:dirt", [(0, 2)]),
+}
+
+
+class ExpertExecutor:
+    """The scripted expert of each subtask, built from its parameters."""
+
+    name = "expert"
+
+    def __init__(self) -> None:
+        self._expert: Expert | None = None
+        self._label = ""
+
+    def start(self, subtask: Subtask, obs: dict, info: dict) -> None:
+        if subtask.name not in EXPERT_MAKERS:
+            raise KeyError(f"no expert for subtask {subtask.name!r}; experts cover {sorted(EXPERT_MAKERS)}")
+        self._expert = EXPERT_MAKERS[subtask.name](load_task(subtask.task), subtask, info)
+        self._expert.reset(info)
+        self._label = subtask.label
+
+    def act(self, obs: dict, info: dict) -> Decision:
+        action, phase = self._expert.act(info)  # a RuntimeError here is the expert giving up
+        return Decision(action=action, subtask="done" if phase == "done" else f"{self._label}/{phase}")
+
+
+class PolicyExecutor:
+    """A trained run's policy (``eval.policy_agent.load_run``) acting in process on the subtask's
+    instruction; the frame history restarts with every invocation (as in training, one instruction per
+    episode)."""
+
+    def __init__(self, loaded: Any, *, greedy: bool = False, temperature: float = 1.0, seed: int = 0,
+                 name: str = "policy"):
+        import jax
+
+        from histeve_jax.eval.policy_agent import FrameHistory
+
+        self.loaded, self.greedy, self.temperature, self.name = loaded, greedy, temperature, name
+        self.frames = FrameHistory(loaded.history, loaded.stride)
+        self._key = jax.random.key(seed)
+        self._calls = 0
+        self.instruction = ""
+        self._label = ""
+
+    def start(self, subtask: Subtask | None, obs: dict, info: dict, instruction: str = "") -> None:
+        """Begin an invocation of ``subtask`` (or of a bare ``instruction``, the final-goal baseline)."""
+        self.frames.reset()
+        self.instruction = subtask.instruction if subtask is not None else instruction
+        self._label = subtask.label if subtask is not None else "goal"
+
+    def act(self, obs: dict, info: dict) -> Decision:
+        import jax
+
+        from histeve_jax.eval.report import action_text
+
+        frames = self.frames.push(np.asarray(obs["image"]))
+        key = jax.random.fold_in(self._key, self._calls)
+        self._calls += 1
+        row = self.loaded.sample([(frames, self.instruction)], [int(bool(info["is_gui_open"]))], key,
+                                 temperature=self.temperature, greedy=self.greedy)[0]
+        return Decision(action=row.action, subtask=self._label, tokens=row.tokens, logprobs=row.logprobs,
+                        text=action_text(row.action))
+
+
+class GoalOnlyAgent:
+    """The baseline: the policy given only the final goal's text for the whole episode (an ``Agent``)."""
+
+    def __init__(self, executor: PolicyExecutor):
+        self.executor = executor
+        self.name = f"{executor.name}_goal_only"
+
+    def reset(self, task: Task, obs: dict, info: dict, seed: int) -> None:
+        self.executor.start(None, obs, info, instruction=task.text)
+
+    def act(self, obs: dict, info: dict) -> Decision:
+        return self.executor.act(obs, info)

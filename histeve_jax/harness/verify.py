@@ -1,0 +1,149 @@
+"""Verification after an invocation and the advance / recover / replan rule, with the visual-change test.
+
+"The visual state changed substantially" is concrete here: each frame is reduced to a 16x16 grayscale
+signature (block means of luma in [0, 1]); the change between two consecutive frames is the mean absolute
+difference of their signatures. Within an invocation, a change above ``VISUAL_JUMP`` between two frames
+with the same GUI state (opening or closing a GUI is a large but expected change) after an action that
+turned the camera by at most ``STILL_TURN`` degrees (a fast turn close to a tree changes the view a lot,
+and is the agent's own doing) means the scene was swapped under the executor: a teleport, a respawn, a
+world rebuilt. Measured on the game at 56x56 (expert play of wooden_pickaxe, 456 such steps): the largest
+change was 0.066; teleports across the arena gave 0.10-0.25 (0.036 for a one-block move). The threshold
+0.09 sits between them; the privileged position (a jump over ``POSITION_JUMP`` blocks in one step)
+catches teleports between look-alike places of the flat world.
+
+``verify`` records the outcome: ``success`` (the completion condition holds: the privileged check on
+Luanti; the hook for the detector's own evidence is the controller's), ``failure`` (a recognizable
+failure condition holds, the executor gave up, the detector's candidate completion did not verify, or
+no progress within the budget) or ``interrupted`` (cut short by a visual jump, or by the budget while
+still progressing). ``decide`` then advances on success, replans when recovery is infeasible (an
+unrecoverable failure condition, the recovery budget spent), the subtask is inapplicable, or the visual
+state changed substantially, and otherwise recovers locally by invoking the same subtask again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from histeve_jax.harness.schemas import Subtask
+
+SIGNATURE = 16
+VISUAL_JUMP = 0.09  # mean |luma difference| of consecutive 16x16 signatures; see the module docstring
+STILL_TURN = 2.0  # degrees: camera turns up to this explain no large change
+POSITION_JUMP = 3.0  # blocks in one step: walking covers ~0.2 (Luanti's privileged pos)
+
+
+def signature(frame: np.ndarray) -> np.ndarray:
+    """[16, 16] float32 block-mean luma in [0, 1] of an HxWx3 uint8 frame (H, W >= 16)."""
+    f = np.asarray(frame, np.float32)
+    if f.ndim != 3 or f.shape[2] != 3 or min(f.shape[:2]) < SIGNATURE:
+        raise ValueError(f"signature: need an HxWx3 frame of at least {SIGNATURE}x{SIGNATURE}, got {f.shape}")
+    luma = (f @ np.asarray([0.299, 0.587, 0.114], np.float32)) / 255.0
+    h, w = luma.shape
+    ys = np.linspace(0, h, SIGNATURE + 1).astype(int)
+    xs = np.linspace(0, w, SIGNATURE + 1).astype(int)
+    return np.asarray([[luma[ys[i]:ys[i + 1], xs[j]:xs[j + 1]].mean() for j in range(SIGNATURE)]
+                       for i in range(SIGNATURE)], np.float32)
+
+
+def visual_change(a: np.ndarray, b: np.ndarray) -> float:
+    """The change between two frames: the mean absolute difference of their signatures, in [0, 1]."""
+    return float(np.abs(signature(a) - signature(b)).mean())
+
+
+class ChangeMonitor:
+    """Watches one invocation's frames for a substantial visual change (and, on Luanti, a position jump)."""
+
+    def __init__(self, threshold: float = VISUAL_JUMP, position_jump: float = POSITION_JUMP):
+        self.threshold, self.position_jump = threshold, position_jump
+        self.reset()
+
+    def reset(self) -> None:
+        self._prev: tuple[np.ndarray, bool, Any] | None = None
+        self.max_change = 0.0
+        self.jumped = False
+        self.reason = ""
+
+    def push(self, frame: np.ndarray, info: Mapping[str, Any], camera: Any = None) -> bool:
+        """Add the next frame (``camera``: the [dpitch, dyaw] of the action that led to it); True the first
+        time a substantial change shows."""
+        sig, gui, pos = signature(frame), bool(info.get("is_gui_open")), info.get("pos")
+        turn = float(np.abs(np.asarray(camera, float)).max()) if camera is not None else 0.0
+        fired = False
+        if self._prev is not None and not self.jumped:
+            psig, pgui, ppos = self._prev
+            if gui == pgui and turn <= STILL_TURN:
+                change = float(np.abs(sig - psig).mean())
+                self.max_change = max(self.max_change, change)
+                if change > self.threshold:
+                    fired, self.reason = True, f"the view changed by {change:.3f} in one step"
+            if not fired and pos is not None and ppos is not None:
+                d = float(np.linalg.norm(np.asarray(pos, float) - np.asarray(ppos, float)))
+                if d > self.position_jump:
+                    fired, self.reason = True, f"the player moved {d:.1f} blocks in one step"
+            self.jumped = fired
+        self._prev = (sig, gui, pos)
+        return fired
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What one invocation achieved and what the harness does next."""
+
+    outcome: str  # success | failure | interrupted
+    ended_by: str  # detector | budget | executor_done | gave_up | visual_change
+    completed: bool
+    applicable: bool
+    failures: list[tuple[str, bool]]  # (failure condition, recoverable)
+    progress: int  # growth of the schema's observable quantity during the invocation
+    visual_change: float  # the largest consecutive-frame change seen
+    changed: bool  # a substantial visual change (or position jump) happened
+    reasons: list[str]
+    decision: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "failures": [list(f) for f in self.failures]}
+
+
+def verify(subtask: Subtask, before: Mapping[str, Any], after: Mapping[str, Any], *, ended_by: str,
+           monitor: ChangeMonitor, error: str = "") -> Verdict:
+    """The outcome of one invocation from the infos before and after it (see the module docstring)."""
+    completed = subtask.is_complete(after)
+    failures = [] if completed else subtask.failures(after)
+    progress = subtask.progress_value(after) - subtask.progress_value(before)
+    reasons = []
+    if completed:
+        outcome = "success"
+    elif ended_by == "visual_change":
+        outcome, reasons = "interrupted", [monitor.reason]
+    elif failures or ended_by in ("gave_up", "detector", "executor_done") or progress <= 0:
+        outcome = "failure"
+        reasons = [f"failure condition {n}" for n, _ in failures]
+        if ended_by == "gave_up":
+            reasons.append(f"the executor gave up: {error}")
+        elif ended_by == "detector":
+            reasons.append("the detector's candidate completion did not verify")
+        elif ended_by == "executor_done":
+            reasons.append("the executor stopped before the completion condition held")
+        if progress <= 0 and ended_by == "budget":
+            reasons.append("no progress within the budget")
+    else:
+        outcome, reasons = "interrupted", [f"the budget ran out while progressing (+{progress})"]
+    return Verdict(outcome, ended_by, completed, subtask.is_applicable(after), failures, progress,
+                   monitor.max_change, monitor.jumped, reasons)
+
+
+def decide(verdict: Verdict, recoveries: int, max_recoveries: int) -> str:
+    """advance | recover | replan, by the paper's rule (see the module docstring); sets verdict.decision."""
+    if verdict.outcome == "success":
+        d = "advance"
+    elif (verdict.changed or not verdict.applicable or recoveries >= max_recoveries
+          or any(not recoverable for _, recoverable in verdict.failures)):
+        d = "replan"
+    else:
+        d = "recover"
+    verdict.decision = d
+    return d

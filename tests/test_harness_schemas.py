@@ -1,0 +1,217 @@
+"""The harness's pieces that need no game or model: schemas, memories, the rules planner, verification."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from histeve_jax.envs.tasks import load_task
+from histeve_jax.harness.memory import Memory, ProceduralMemory, relation
+from histeve_jax.harness.planners.base import PlanningContext
+from histeve_jax.harness.planners.rules import RulesPlanner, rule_for
+from histeve_jax.harness.schemas import (
+    SchemaError,
+    evaluate_condition,
+    load_schema,
+    load_schemas,
+    schema_from_dict,
+)
+from histeve_jax.harness.verify import ChangeMonitor, Verdict, decide, visual_change
+
+SCHEMAS = load_schemas()
+GOOD = {"name": "dig", "task": "mine_dirt", "description": "dig",
+        "parameters": {"count": {"type": "integer", "minimum": 1, "maximum": 4}},
+        "progress": {"key": "inventory", "item": "default:dirt"},
+        "completion": {"inventory": {"default:dirt": ">={count}"}}, "budget": {"steps": 10}}
+
+
+def test_every_schema_instantiates_into_its_atomic_task_text():
+    assert len(SCHEMAS) == 15
+    for s in SCHEMAS.values():
+        sub = s.instantiate({})
+        assert sub.instruction == load_task(s.task).text  # the text the policy was trained on
+        assert sub.budget >= s.budget.steps
+    sub = SCHEMAS["mine_stone"].instantiate({"count": 3})
+    assert sub.completion == {"inventory": {"default:cobble": ">=3"}} and sub.budget == 200 + 150 * 3
+    assert sub.label == "mine_stone(count=3)"
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"budget": None}, r"dig\.yaml: budget: Input should be a valid dictionary"),
+    ({"colour": "red"}, r"dig\.yaml: colour: unknown field"),
+    ({"progress": {"key": "inventory"}}, r"dig\.yaml: progress\.item: Field required"),
+    ({"parameters": {"count": {"type": "integer", "minimum": 1}}},
+     r"parameters\.count: .*minimum and maximum"),
+    ({"parameters": {"count": {"type": "integer", "minimum": 1, "maximum": 4, "step": 2}}},
+     r"parameters\.count\.step: unknown field"),
+    ({"completion": {"inventory": {"default:dirt": ">={n}"}}}, r"completion: names parameter 'n'"),
+    ({"completion": {"inventory": {"default:dirt": "lots"}}}, r"completion\.inventory\.default:dirt"),
+    ({"task": "juggle"}, r"task: no task named 'juggle'"),
+    ({"failure": [{"name": "x", "when": {"nearby": "default:tree"}}]}, r"failure\[0\]\.when\.nearby"),
+])
+def test_a_bad_schema_file_is_one_error_naming_file_and_field(tmp_path, change, msg):
+    d = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    if change.get("budget", 0) is None:
+        d["budget"] = "ten"
+    p = tmp_path / "dig.yaml"
+    p.write_text(json.dumps(d))
+    with pytest.raises(SchemaError, match=msg):
+        load_schema(p)
+
+
+def test_missing_field_and_wrong_file_name(tmp_path):
+    d = dict(GOOD)
+    del d["completion"]
+    with pytest.raises(SchemaError, match=r"x\.json: completion: Field required"):
+        schema_from_dict(d, "x.json")
+    p = tmp_path / "other.yaml"
+    p.write_text(json.dumps(GOOD))
+    with pytest.raises(SchemaError, match="does not match the file name"):
+        load_schema(p)
+
+
+def test_parameters_are_checked_and_conditions_evaluate():
+    s = SCHEMAS["mine_log"]
+    with pytest.raises(ValueError, match=r"mine_log\.count: must be an integer in \[1, 8\], got 9"):
+        s.check_params({"count": 9})
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['colour'\]"):
+        s.check_params({"colour": 1})
+    with pytest.raises(ValueError, match="got True"):
+        s.check_params({"count": True})
+    info = {"inventory": {"default:tree": 2}, "nearby": [("default:tree", (0, 9, 3))]}
+    assert evaluate_condition({"nearby": ["default:tree"], "inventory": {"default:tree": 2}}, info)
+    assert not evaluate_condition({"absent": ["default:tree"]}, info)
+    assert evaluate_condition({}, info)
+    sub = s.instantiate({"count": 3})
+    assert not sub.is_complete(info) and sub.failures(info) == []
+    assert sub.failures({"inventory": {}, "nearby": []}) == [("nothing_to_mine", False)]
+
+
+def _sim_info():
+    nearby = [("default:tree", (0, 9, 3)), ("default:stone", (5, 9, -6)),
+              ("default:stone_with_iron", (5, 9, -5)), ("default:stone_with_coal", (6, 11, -4)),
+              ("default:dirt_with_grass", (1, 8, 1))]
+    return {"inventory": {}, "pickup": {}, "craft_item": {}, "place_block": {}, "mine_block": {},
+            "nearby": nearby, "pos": (0.0, 8.5, 0.0), "yaw": 0.0}
+
+
+def _apply(sub, info):
+    """The subtask's effect by the game's rules (what a perfect executor would leave)."""
+    inv = info["inventory"]
+    if sub.name == "place_furnace":
+        inv["default:furnace"] -= 1
+        info["nearby"].append(("default:furnace", (0, 9, -2)))
+        return
+    if sub.name == "build_wall":
+        inv["default:dirt"] -= 3
+        info["place_block"]["default:dirt"] = info["place_block"].get("default:dirt", 0) + 3
+        return
+    item = sub.progress[1]
+    rule = rule_for(item)
+    fuel_used = False
+    while not sub.is_complete(info):
+        for ing, k in rule.inputs.items():
+            inv[ing] -= k
+            assert inv[ing] >= 0, f"{sub.label} ran out of {ing}"
+        if sub.name == "smelt_iron" and not fuel_used:
+            inv["default:coal_lump"] -= 1
+            fuel_used = True
+        inv[item] = inv.get(item, 0) + rule.per_run
+        key = "pickup" if sub.name.startswith("mine") else "craft_item"
+        info[key][item] = info[key].get(item, 0) + rule.per_run
+
+
+def _plan_all(task_name):
+    task, info, planner, labels = load_task(task_name), _sim_info(), RulesPlanner(), []
+    while not task.is_success(info):
+        info["subgoals_done"] = task.subgoals_done(info)
+        adm = {n: s for n, s in SCHEMAS.items() if evaluate_condition(s.applicable, info)}
+        ctx = PlanningContext(task.text, task.success, task.subgoals, [], info, {}, adm, {}, SCHEMAS)
+        r = planner.plan(ctx)
+        assert r.subtask is not None, r.error
+        labels.append(r.subtask.label)
+        _apply(r.subtask, info)
+        assert len(labels) < 30
+    return labels
+
+
+def test_the_rules_planner_makes_a_steel_pickaxe_from_scratch():
+    # By hand: 2 logs -> 8 planks (3 wooden pickaxe, 1 for 4 sticks; the steel pickaxe's sticks need more),
+    # 11 cobble (3 stone pickaxe + 8 furnace), 3 iron with the stone pickaxe, 1 coal, furnace, 3 ingots.
+    assert _plan_all("steel_pickaxe") == [
+        "mine_log(count=2)", "craft_planks(count=8)", "craft_sticks(count=4)", "craft_wooden_pickaxe()",
+        "mine_stone(count=11)", "craft_stone_pickaxe()", "mine_iron(count=3)", "mine_coal(count=1)",
+        "craft_furnace()", "place_furnace()", "smelt_iron(count=3)", "craft_sticks(count=4)",
+        "craft_steel_pickaxe()"]
+    assert _plan_all("wooden_pickaxe") == ["mine_log(count=1)", "craft_planks(count=4)",
+                                           "craft_sticks(count=4)", "craft_wooden_pickaxe()"]
+    assert _plan_all("dirt_wall") == ["mine_dirt(count=3)", "build_wall()"]
+
+
+def test_the_rules_planner_replans_from_a_loss_and_never_picks_an_inadmissible_subtask():
+    task, info = load_task("wooden_pickaxe"), _sim_info()
+    info.update(inventory={"default:wood": 3}, craft_item={"default:wood": 4, "default:stick": 4},
+                pickup={"default:tree": 1})  # the sticks were taken
+    info["subgoals_done"] = task.subgoals_done(info)
+    ctx = lambda adm: PlanningContext(task.text, task.success, task.subgoals, [], info, {}, adm, {}, SCHEMAS)
+    adm = {n: s for n, s in SCHEMAS.items() if evaluate_condition(s.applicable, info)}
+    assert RulesPlanner().plan(ctx(adm)).subtask.label == "mine_log(count=1)"  # 3 planks + 2 sticks need 4
+    r = RulesPlanner().plan(ctx({k: v for k, v in adm.items() if k != "mine_log"}))
+    assert r.subtask is None and "not admissible" in r.error
+
+
+def test_memories_serialise_learn_and_retrieve(tmp_path):
+    mem = Memory("make a pickaxe")
+    before = {"inventory": {"default:tree": 1}}
+    after = {"inventory": {"default:wood": 4}}
+    e = mem.procedural.learn("craft_planks(count=4)", "craft_planks", {"count": 4}, before, after, 40)
+    assert e["consumed"] == {"default:tree": 1} and e["produced"] == {"default:wood": 4}
+    mem.procedural.learn("craft_sticks(count=4)", "craft_sticks", {"count": 4}, after,
+                         {"inventory": {"default:wood": 3, "default:stick": 4}}, 30)
+    assert mem.procedural.dependencies("craft_sticks(count=4)") == ["craft_planks(count=4)"]
+    mem.procedural.save(tmp_path / "p.json")
+    again = ProceduralMemory.load(tmp_path / "p.json")  # the next episode starts with it
+    assert again.retrieve(["craft_sticks"])[0]["depends_on"] == ["craft_planks(count=4)"]
+    mem.world.observe({"nearby": [("default:tree", (0, 9, 3))], "pos": (0.0, 8.5, 0.0)}, 5, label="x")
+    assert mem.world.retrieve((0.0, 8.5, 0.0), 0.0) == [
+        {"kind": "default:tree", "pos": [0, 9, 3], "distance": 3.0, "bearing": "ahead"}]
+    assert json.loads(json.dumps(mem.to_json()))["world"]["positions"][0]["after"] == "x"
+    # yaw 0 faces +z and grows turning right: +x is to the right at yaw 0, behind at yaw 90... by hand
+    assert relation((0, 0, 0), 0.0, (3, 0, 0))["bearing"] == "right"
+    assert relation((0, 0, 0), 90.0, (0, 0, -4)) == {"distance": 4.0, "bearing": "right"}
+    assert relation((0, 0, 0), 90.0, (-2, 0, 0))["bearing"] == "behind"
+    (tmp_path / "bad.json").write_text("[1, 2")
+    with pytest.raises(ValueError, match="not a procedural memory file"):
+        ProceduralMemory.load(tmp_path / "bad.json")
+
+
+def test_visual_change_is_the_mean_signature_difference():
+    black, white = np.zeros((56, 56, 3), np.uint8), np.full((56, 56, 3), 255, np.uint8)
+    assert visual_change(black, white) == pytest.approx(1.0)
+    half = black.copy()
+    half[:, 28:] = 255
+    assert visual_change(black, half) == pytest.approx(0.5)
+    mon = ChangeMonitor(threshold=0.09)
+    assert not mon.push(black, {"is_gui_open": False})
+    assert not mon.push(white, {"is_gui_open": True})  # a GUI opening: expected
+    assert not mon.push(black, {"is_gui_open": True}, camera=[0.0, 10.0])  # the agent's own fast turn
+    assert mon.push(white, {"is_gui_open": True}, camera=[0.0, 1.0]) and "changed by 1.000" in mon.reason
+    mon.reset()
+    mon.push(black, {"pos": (0, 8.5, 0)})
+    assert mon.push(black, {"pos": (5, 8.5, 0)}) and "moved 5.0 blocks" in mon.reason
+
+
+@pytest.mark.parametrize("outcome, applicable, failures, changed, recoveries, want", [
+    ("success", True, [], True, 5, "advance"),
+    ("failure", True, [("stalled", True)], False, 0, "recover"),
+    ("failure", True, [("missing_inputs", False)], False, 0, "replan"),  # recovery infeasible
+    ("failure", False, [], False, 0, "replan"),  # inapplicable now
+    ("interrupted", True, [], True, 0, "replan"),  # the visual state changed substantially
+    ("interrupted", True, [], False, 2, "replan"),  # recoveries spent
+    ("interrupted", True, [], False, 1, "recover"),
+])
+def test_advance_recover_replan(outcome, applicable, failures, changed, recoveries, want):
+    v = Verdict(outcome, "budget", outcome == "success", applicable, failures, 0, 0.0, changed, [])
+    assert decide(v, recoveries, max_recoveries=2) == want == v.decision
