@@ -1,0 +1,214 @@
+"""The experts' common ground: GUI geometry, recipes, action helpers and the ``Expert`` base class (its
+motion, aiming and GUI primitives).
+"""
+
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from histeve_jax.actions.codebook import get_codebook
+from histeve_jax.envs.base import PIXELS_PER_DEGREE, noop_action, wrap_degrees, yaw_pitch_to
+from histeve_jax.envs.tasks import Task
+
+EYE_HEIGHT = 1.47  # minetest_game's player eye height above the feet
+REACH = 3.6  # a little under the hand's 4-node range
+MAX_TURN = 10.0  # degrees per step
+AIM_TOL = 1.5  # degrees
+
+# Main inventory slot (1-based) -> cursor position. Row 1 is the hotbar row of the sfinv page.
+_COL_X = [228, 254, 280, 306, 333, 359, 385, 411]
+_ROW_Y = [205, 232, 256, 280]
+SLOT_XY = {i + 1: (_COL_X[i % 8], _ROW_Y[i // 8]) for i in range(32)}
+CRAFT_XY = {(r, c): (273 + 26 * c, 91 + 24 * r) for r in range(3) for c in range(3)}
+CRAFT_OUTPUT_XY = (378, 115)
+# The furnace formspec (default.get_furnace_*_formspec) on the same render: its own main-inventory rows.
+FURNACE_SLOT_XY = {i + 1: (_COL_X[i % 8], [188, 219, 243, 267][i // 8]) for i in range(32)}
+FURNACE_SRC_XY, FURNACE_FUEL_XY, FURNACE_DST_XY = (300, 98), (300, 146), (352, 109)
+
+# Shaped recipes of minetest_game used by the craft tasks: output -> {(row, col): item}.
+RECIPES: dict[str, dict[tuple[int, int], str]] = {
+    "default:wood": {(0, 0): "default:tree"},
+    "default:stick": {(0, 0): "default:wood"},  # one plank -> 4 sticks in minetest_game
+    "default:pick_wood": {(0, 0): "default:wood", (0, 1): "default:wood", (0, 2): "default:wood",
+                          (1, 1): "default:stick", (2, 1): "default:stick"},
+    "default:pick_stone": {(0, 0): "default:cobble", (0, 1): "default:cobble", (0, 2): "default:cobble",
+                           (1, 1): "default:stick", (2, 1): "default:stick"},
+    "default:pick_steel": {(0, 0): "default:steel_ingot", (0, 1): "default:steel_ingot",
+                           (0, 2): "default:steel_ingot", (1, 1): "default:stick", (2, 1): "default:stick"},
+    "default:furnace": {(r, c): "default:cobble" for r in range(3) for c in range(3) if (r, c) != (1, 1)},
+}
+
+
+def _act(**kw: Any) -> dict[str, Any]:
+    a = noop_action()
+    for k, v in kw.items():
+        a[k] = np.asarray(v, np.float32) if k == "camera" else v
+    return a
+
+
+def cursor_move(dx_px: float, dy_px: float, codebook: str = "vpt") -> tuple[float, float]:
+    """The camera action (dpitch, dyaw) in degrees towards a cursor target (dx, dy) pixels away: per axis the
+    codebook's bin centre nearest to the distance (in degrees, not in the mu-law domain the codebook rounds
+    in, which would overshoot small distances back and forth); (0, 0) when no bin gets closer."""
+    cb = get_codebook(codebook)
+    centres = cb.undiscretize(np.arange(cb.n_bins))
+    deg = np.array([dy_px, dx_px]) / PIXELS_PER_DEGREE
+    snapped = centres[np.abs(deg[:, None] - centres[None, :]).argmin(1)]
+    return float(snapped[0]), float(snapped[1])
+
+
+def _clamp(v: float, m: float = MAX_TURN) -> float:
+    return max(-m, min(m, v))
+
+
+class Expert:
+    """A scripted policy for one task; `act` returns the next action and the current subtask name."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self._gen: Iterator[tuple[dict[str, Any], str]] | None = None
+        self.info: dict[str, Any] = {}
+
+    def reset(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self._gen = self.plan()
+        self._sync_look(info)
+
+    def _sync_look(self, info: dict[str, Any]) -> None:
+        self.est_yaw, self.est_pitch = float(info["yaw"]), float(info["pitch"])
+        self._still = 0
+
+    def act(self, info: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """Next (action, subtask) given the info the env returned for the last step."""
+        self.info = info
+        if self._gen is None:
+            self._gen = self.plan()
+            self._sync_look(info)
+        # The reported look lags the commanded one by a step or two (client -> server -> mod), so aim with
+        # dead reckoning (camera degrees map exactly onto the view) and re-sync once the view is still.
+        if self._still >= 3:
+            self.est_yaw, self.est_pitch = float(info["yaw"]), float(info["pitch"])
+        try:
+            action, subtask = next(self._gen)
+        except StopIteration:
+            action, subtask = noop_action(), "done"
+        cam = np.asarray(action["camera"], np.float64)
+        if info["is_gui_open"] or not cam.any():
+            self._still += 1
+        else:
+            self._still = 0
+            self.est_pitch = float(np.clip(self.est_pitch + cam[0], -89.5, 89.5))
+            self.est_yaw = wrap_degrees(self.est_yaw + cam[1])
+        return action, subtask
+
+    def plan(self) -> Iterator[tuple[dict[str, Any], str]]:
+        raise NotImplementedError
+
+    # ---- shared motions, written as generators that yield (action, subtask)
+
+    def eye(self) -> tuple[float, float, float]:
+        x, y, z = self.info["pos"]
+        return x, y + EYE_HEIGHT, z
+
+    def aim_error(self, target: tuple[float, float, float]) -> tuple[float, float]:
+        yaw, pitch = yaw_pitch_to(self.eye(), target)
+        return wrap_degrees(yaw - self.est_yaw), pitch - self.est_pitch
+
+    def turn_to(self, target, subtask: str, tol: float = AIM_TOL, max_steps: int = 60):
+        for _ in range(max_steps):
+            dyaw, dpitch = self.aim_error(target)
+            if abs(dyaw) < tol and abs(dpitch) < tol:
+                return
+            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)]), subtask
+
+    def walk_to(self, target_xz: tuple[float, float], dist: float, subtask: str, max_steps: int = 400):
+        """Turn toward and walk until within `dist` blocks (horizontally) of `target_xz`; jump when stuck."""
+        last = None
+        stuck = 0
+        for _ in range(max_steps):
+            x, _, z = self.info["pos"]
+            d = math.hypot(target_xz[0] - x, target_xz[1] - z)
+            if d <= dist:
+                return
+            yaw = math.degrees(math.atan2(target_xz[0] - x, target_xz[1] - z))
+            dyaw = wrap_degrees(yaw - self.est_yaw)
+            dpitch = -self.est_pitch  # walk looking level
+            moved = last is None or math.hypot(x - last[0], z - last[1]) > 0.02
+            stuck = 0 if moved else stuck + 1
+            last = (x, z)
+            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)], forward=int(abs(dyaw) < 30),
+                       jump=int(stuck > 3)), subtask
+
+    def wait(self, n: int, subtask: str):
+        for _ in range(n):
+            yield noop_action(), subtask
+
+    # ---- GUI
+
+    def open_inventory(self):
+        # A press that reaches the client in the same frame as the previous close can be swallowed by the
+        # closing formspec, so press again if no GUI shows up within a second.
+        for _press in range(3):
+            yield _act(inventory=1), "open_inventory"
+            for _ in range(20):
+                if self.info["is_gui_open"]:
+                    return
+                yield noop_action(), "open_inventory"
+        raise RuntimeError("the inventory did not open")
+
+    def close_inventory(self):
+        for _press in range(3):
+            yield _act(inventory=1), "close_inventory"
+            for _ in range(20):
+                if not self.info["is_gui_open"]:
+                    yield from self.wait(3, "close_inventory")  # let the client settle before the next key
+                    return
+                yield noop_action(), "close_inventory"
+
+    def cursor_to(self, xy: tuple[int, int], subtask: str, max_steps: int = 40):
+        for _ in range(max_steps):
+            if self.info["cursor"] is None:  # the GUI closed (or its pointer is not reported yet) under load
+                yield noop_action(), subtask
+                continue
+            cx, cy = self.info["cursor"]
+            move = cursor_move(xy[0] - cx, xy[1] - cy)
+            if move == (0.0, 0.0):  # within ~2 px: as close as the action space gets
+                return
+            yield _act(camera=list(move)), subtask
+        raise RuntimeError(f"cursor did not reach {xy} (at {self.info['cursor']})")
+
+    def click(self, button: str, subtask: str, settle: int = 3):
+        # minetest's formspec reads the pointer once per rendered frame, so a click sent before the client has
+        # drawn a frame at the new pointer position lands on the old one; pause on the slot first.
+        yield from self.wait(settle, subtask)
+        yield _act(**{button: 1}), subtask
+        yield noop_action(), subtask
+
+    def select(self, item: str, subtask: str):
+        """Press the hotbar key of the slot holding `item` (it must be in the hotbar)."""
+        slot = self.slot_of(item)
+        if slot is None or slot > 9:
+            raise RuntimeError(f"{item} is not in the hotbar (slot {slot})")
+        if self.info.get("held_slot") != slot:
+            yield _act(**{f"hotbar.{slot}": 1}), subtask
+            for _ in range(20):
+                if self.info.get("held_slot") == slot:
+                    break
+                yield noop_action(), subtask
+
+    def slot_of(self, item: str) -> int | None:
+        for i, s in enumerate(self.info["inventory_slots"], start=1):
+            if s["type"] == item:
+                return i
+        return None
+
+    def empty_slot(self) -> int:
+        for i, s in enumerate(self.info["inventory_slots"], start=1):
+            if s["type"] == "air":
+                return i
+        raise RuntimeError("no empty inventory slot")

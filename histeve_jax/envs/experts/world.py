@@ -1,0 +1,121 @@
+"""Experts that act in the world (NG): mine a node, place blocks, find a node by exploring."""
+
+from __future__ import annotations
+
+import math
+
+from histeve_jax.envs.base import noop_action
+from histeve_jax.envs.experts.core import (
+    EYE_HEIGHT,
+    MAX_TURN,
+    REACH,
+    Expert,
+    _act,
+    _clamp,
+)
+from histeve_jax.envs.tasks import Task
+
+
+class MineExpert(Expert):
+    """Walk to the nearest node of `names`, aim at its exposed face and dig until `goal` drops are held."""
+
+    def __init__(self, task: Task, names: tuple[str, ...], drop: str, goal: int = 1, face: str = "side",
+                 tool_slot: int | None = None, tool: str | None = None):
+        super().__init__(task)
+        self.names, self.drop, self.goal, self.face, self.tool_slot = names, drop, goal, face, tool_slot
+        self.tool = tool
+        self.skip: set[tuple[int, int, int]] = set()  # targets whose digging did not finish (blocked)
+
+    def target(self) -> tuple[int, int, int] | None:
+        x, y, z = self.info["pos"]
+        eye_y = y + EYE_HEIGHT
+        best, best_d = None, 1e9
+        for name, p in self.info.get("nearby", []):
+            if name not in self.names or tuple(int(v) for v in p) in self.skip:
+                continue
+            d = math.hypot(p[0] - x, p[2] - z)
+            if self.face == "top" and d < 1.5:  # the node under the player's feet
+                continue
+            # prefer nodes at eye level for side faces, close ones first
+            d += 0.6 * abs(p[1] - eye_y + 0.5) if self.face == "side" else 0.0
+            if d < best_d:
+                best, best_d = tuple(int(v) for v in p), d
+        return best
+
+    def face_point(self, node: tuple[int, int, int]) -> tuple[float, float, float]:
+        nx, ny, nz = node
+        if self.face == "top":
+            return nx, ny + 0.5, nz
+        ex, _, ez = self.eye()
+        dx, dz = ex - nx, ez - nz
+        if abs(dx) > abs(dz):
+            return nx + 0.5 * math.copysign(1, dx), ny, nz
+        return nx, ny, nz + 0.5 * math.copysign(1, dz)
+
+    def plan(self):
+        if self.tool_slot is not None:
+            yield _act(**{f"hotbar.{self.tool_slot}": 1}), "select_tool"
+            yield noop_action(), "select_tool"
+        if self.tool is not None:
+            yield from self.select(self.tool, "select_tool")
+        while self.info["inventory"].get(self.drop, 0) < self.goal:
+            node = self.target()
+            if node is None:
+                yield from self.wait(1, "search")
+                continue
+            x, _, z = self.info["pos"]
+            if math.hypot(node[0] - x, node[2] - z) > REACH - 0.5:
+                yield from self.walk_to((node[0], node[2]), REACH - 1.0, "approach")
+            point = self.face_point(node)
+            yield from self.turn_to(point, "aim")
+            mined_before = sum(self.info["mine_block"].values())
+            for _ in range(120):  # 3.5 s for a log by hand; a node the tool cannot dig never breaks
+                if sum(self.info["mine_block"].values()) > mined_before:
+                    break
+                dyaw, dpitch = self.aim_error(point)
+                yield _act(attack=1, camera=[_clamp(dpitch, 2), _clamp(dyaw, 2)]), "dig"
+            else:
+                self.skip.add(node)  # something in front of it resisted: try another one
+            yield noop_action(), "dig"
+
+
+class PlaceExpert(Expert):
+    """Place `item` (from the hotbar) on the ground at each of `cells` (x, z) by right-clicking top faces."""
+
+    def __init__(self, task: Task, item: str, cells: list[tuple[int, int]], ground_y: int = 8):
+        super().__init__(task)
+        self.item, self.cells, self.ground_y = item, cells, ground_y
+
+    def plan(self):
+        yield from self.select(self.item, "select_block")
+        yield from self.wait(1, "select_block")
+        for cx, cz in self.cells:
+            point = (cx, self.ground_y + 0.5, cz)
+            x, _, z = self.info["pos"]
+            if math.hypot(cx - x, cz - z) > REACH - 1.0:
+                yield from self.walk_to((cx, cz), 2.0, "approach")
+            placed = self.info["place_block"].get(self.item, 0)
+            for _ in range(3):
+                yield from self.turn_to(point, "aim")
+                yield from self.click("use", "place")
+                yield from self.wait(3, "place")
+                if self.info["place_block"].get(self.item, 0) > placed:
+                    break
+
+
+class ExploreExpert(Expert):
+    """Find the nearest `name` node in the privileged nearby list and walk up to it."""
+
+    def __init__(self, task: Task, name: str, radius: float):
+        super().__init__(task)
+        self.name, self.radius = name, radius
+
+    def plan(self):
+        while True:
+            found = [p for n, p in self.info.get("nearby", []) if n == self.name]
+            if found:
+                break
+            yield _act(camera=[0.0, MAX_TURN]), "search"
+        p = found[0]
+        yield from self.walk_to((p[0], p[2]), self.radius * 0.6, "walk_to_target")
+        yield from self.wait(2, "arrived")
