@@ -36,10 +36,9 @@ from histeve_jax.envs.experts.world import ExploreExpert, MineExpert, PlaceExper
 from histeve_jax.envs.tasks import Task
 
 __all__ = [
-    "AIM_TOL", "CRAFT_OUTPUT_XY", "CRAFT_XY", "EXPERT_TASKS", "EYE_HEIGHT", "FURNACE_SPOT", "MAX_TURN", "REACH",
-    "RECIPES",
-    "SLOT_XY", "ChainExpert", "CraftExpert", "Expert", "ExploreExpert", "MineExpert", "PlaceExpert",
-    "SmeltExpert", "cursor_move", "expert_for", "steel_pickaxe_expert",
+    "AIM_TOL", "CRAFT_OUTPUT_XY", "CRAFT_XY", "EXPERT_TASKS", "EYE_HEIGHT", "FURNACE_SPOT", "MAX_TURN",
+    "REACH", "RECIPES", "SLOT_XY", "ChainExpert", "CraftExpert", "Expert", "ExploreExpert", "MineExpert",
+    "PlaceExpert", "SmeltExpert", "cursor_move", "expert_for", "steel_pickaxe_expert",
 ]
 
 
