@@ -10,7 +10,6 @@ The last line: ``goal_success_expert=<a> progress_expert=<b> goal_success_policy
 
 from __future__ import annotations
 
-import logging
 import os
 
 from absl import app, flags
@@ -45,13 +44,19 @@ def _fmt(summary: dict, ex: str, key: str) -> str:
     return "n/a" if v is None or v != v else f"{v:.2f}"
 
 
+def _row(r: dict) -> str:
+    keys = ("planner_calls", "planner_retries", "recoveries", "replans")
+    extra = " ".join(f"{k}={r[k]}" for k in keys if k in r)
+    return (f"{r['executor']:18s} {r['task']:15s} seed {r['seed']}: success={r['success']} "
+            f"progress={r['progress']:.2f} steps={r['steps']} ({r['seconds']:.0f} s) {extra} {r['error']}")
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from histeve_jax.harness.controller import HarnessSpec
     from histeve_jax.harness.suite import SuiteSpec, run_suite
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     c = flags.FLAGS.config
     executors = tuple(e for e in c.executors if e != "policy" or c.policy)
     try:
@@ -61,12 +66,9 @@ def main(argv: list[str]) -> None:
                          policy_max_steps=c.policy_max_steps, obs_size=tuple(c.obs_size), out_dir=c.out_dir,
                          reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)))
         planner = make_planner(c)
-        summary = run_suite(spec, planner)
+        summary = run_suite(spec, planner, on_episode=lambda r: print(_row(r), flush=True))
     except (ValueError, FileNotFoundError) as e:  # bad input: one line naming it
         raise SystemExit(f"error: {e}") from None
-    for r in summary["rows"]:
-        print(f"{r['executor']:18s} {r['task']:15s} seed {r['seed']}: success={r['success']} "
-              f"progress={r['progress']:.2f} steps={r['steps']} ({r['seconds']:.0f} s) {r['error']}")
     for ex, s in summary["by_executor"].items():
         print(f"{ex}: goal_success={s['goal_success']:.2f} progress={s['progress']:.2f} over {s['episodes']} "
               f"episodes ({s['interrupted']} interrupted)")

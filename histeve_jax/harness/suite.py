@@ -16,7 +16,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,8 +85,10 @@ def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
     return res
 
 
-def run_suite(spec: SuiteSpec, planner: Any) -> dict[str, Any]:
-    """Run every (executor, task, seed) episode; returns the summary (see the module docstring)."""
+def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any]], None] | None = None
+              ) -> dict[str, Any]:
+    """Run every (executor, task, seed) episode; returns the summary (see the module docstring).
+    ``on_episode`` is called with each episode's summary row as it finishes."""
     from histeve_jax.envs import make
     from histeve_jax.eval.report import write_report
 
@@ -141,8 +143,8 @@ def run_suite(spec: SuiteSpec, planner: Any) -> dict[str, Any]:
                                      "success": res.success, "progress": res.progress, "steps": res.steps,
                                      "seconds": round(res.seconds, 1), "interrupted": res.interrupted,
                                      "error": res.error, **(row.get("harness") or {})})
-                        log.info("%s %s seed %d: success=%s progress=%.2f steps=%d (%.0f s)", label,
-                                 task_name, spec.seed + i, res.success, res.progress, res.steps, res.seconds)
+                        if on_episode is not None:
+                            on_episode(rows[-1])
                 procedural.save(proc_path)
     finally:
         env.close()
