@@ -130,7 +130,7 @@ def train(spec: RunSpec, stage: Stage | None = None) -> dict[int, dict[str, floa
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=loop.keep_checkpoints,
                         async_save=loop.async_checkpoint)
     state, shardings, data_state = build_state(spec, stage, tx, mesh, rules, ckpt)
-    train_it = data_lib.make_iterator(train_dirs, spec.data, stage.features, train=True)
+    train_it = stage.make_iterator(train_dirs, spec.data, train=True)
     if int(state.step) > 0:
         data_state = data_lib.load_host_iterator_state(workdir, int(state.step), data_state)
         if data_state is None:
@@ -177,7 +177,7 @@ def train(spec: RunSpec, stage: Stage | None = None) -> dict[int, dict[str, floa
                 if bar is not None:
                     bar.set_postfix(loss=f"{m['loss']:.4f}")
             if loop.eval_every > 0 and eval_dirs and (step % loop.eval_every == 0 or step == total):
-                eval_it = data_lib.make_iterator(eval_dirs, spec.data, stage.features, train=False)
+                eval_it = stage.make_iterator(eval_dirs, spec.data, train=False)
                 em = evaluate(eval_step, state, eval_it, keys, batch_sharding, gbs, loop.eval_batches)
                 history.setdefault(step, {}).update(em)
                 writer.write_scalars(step, em)

@@ -22,6 +22,7 @@ from histeve_jax.data import pipeline
 from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS
 from histeve_jax.models import qwen2_5_vl
 from histeve_jax.policy import Policy, PolicyConfig, action_loss, tiny_config
+from histeve_jax.train import data as data_lib
 from histeve_jax.train import state as state_lib
 from histeve_jax.train.checkpoint import Checkpointer
 from histeve_jax.train.specs import RunSpec
@@ -42,7 +43,9 @@ class Stage:
 
     ``init_model()`` builds the module from random weights (traced for abstract and sharded init);
     ``pretrained(mesh, rules)`` loads it, placed, from pretrained weights (None: the stage has none);
-    ``loss_fn(module, batch, rng) -> (loss, metrics)`` is pure; ``device_keys`` are the batch keys it reads.
+    ``loss_fn(module, batch, rng) -> (loss, metrics)`` is pure; ``device_keys`` are the batch keys it reads;
+    ``batches(dirs, data, train)`` is the stage's own batch iterator where its samples are not the policy's
+    windows (None: ``train.data.make_iterator`` over ``features``).
     """
 
     name: str
@@ -51,6 +54,14 @@ class Stage:
     features: pipeline.FeatureSpec
     device_keys: tuple[str, ...]
     pretrained: Callable[[Any, Any], nnx.Module] | None = None
+    batches: Callable[[list[str], Any, bool], Any] | None = None
+
+    def make_iterator(self, dirs: list[str], data: Any, *, train: bool) -> Any:
+        """This host's batch iterator over ``dirs`` (``metrics``/``get_state``/``set_state`` as
+        ``pipeline.Batches``)."""
+        if self.batches is not None:
+            return self.batches(dirs, data, train)
+        return data_lib.make_iterator(dirs, data, self.features, train=train)
 
 
 # Batch keys the policy reads; the rest (image_grid_thw) stay on the host.

@@ -1,0 +1,93 @@
+"""The completion detector: a pruned Qwen2.5-VL decoder trained on balanced completion queries.
+
+``python -m experiments.detector --config=experiments/configs/detector.py:tiny`` (default: a tiny random
+3B-style decoder pruned to a third, a tiny policy, Luanti episodes; CPU, minutes) or ``:qwen3b`` (the paper's
+detector: Qwen2.5-VL-3B pruned to a third, reading a Qwen2.5-VL-7B policy; TPU pod). ``train`` holds the
+shared loop's fields (``train.specs.RunSpec``); ``detector`` the detector's own; ``plan`` the AOT plan's.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from experiments.configs.common import base_config
+from experiments.configs.plan import V5P_HBM_BYTES
+
+VARIANTS = ("tiny", "qwen3b")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variant = arg or "tiny"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown detector config variant {variant!r}; choose one of {VARIANTS}")
+    c = ml_collections.ConfigDict()
+    c.variant = variant
+    t = base_config("detector", "tiny" if variant == "tiny" else "qwen7b")
+    t.variant = variant
+    t.num_train_steps = 300
+    t.log_every = 50
+    t.eval_every = 100
+    t.eval_batches = 8
+    t.checkpoint_every = 300
+    t.data.batch_size = 8
+    t.data.generate = "record"
+    t.optimizer.learning_rate = 1e-3
+    t.optimizer.warmup_steps = 30
+    c.train = t
+
+    d = ml_collections.ConfigDict()
+    d.records = ""  # comma-separated record dirs of expert episodes ("": record them with experiments.record)
+    d.record_tasks = ("place_dirt", "mine_dirt")  # what the tiny run records when no records are given
+    d.record_episodes = 12  # per task
+    d.policy = ""  # a trained policy run's workdir ("": a random tiny policy)
+    # Closed-loop evaluation episodes of the policy: "auto" = <policy>/eval/records/policy when it exists.
+    d.eval_records = "auto"
+    d.hf_source = ""  # a Hugging Face Qwen2.5-VL dir to prune ("" tiny: a random 3B-style one is written)
+    d.pruned = ""  # an already pruned detector directory (skips pruning)
+    d.ffn_keep = 1 / 3
+    d.multiple_of = 1  # the kept width is rounded to this (128 for TPU tiles)
+    d.cross_attention_every = 4  # 0: the ablation without cross-attention
+    d.history_frames = 3
+    d.stride = 4
+    d.max_len = 96
+    d.policy_max_len = 80
+    d.per_unit = 3  # queries per unit and class
+    d.post_window = 4  # steps after a subtask boundary that count as complete
+    d.subtasks = True
+    d.splits = (0.6, 0.2, 0.2)  # train / validation (threshold) / test episodes, per task
+    d.split_seed = 0
+    d.monitor_every = 2  # in the loop: query every k steps ...
+    d.consecutive = 2  # ... and fire on this many consecutive queries over the threshold
+    c.detector = d
+
+    c.vlm = ml_collections.ConfigDict()  # the prompted-VLM baseline (eval.suites.vlm_judge.JudgeSpec)
+    c.vlm.base_url = ""  # "": $OPENAI_BASE_URL
+    c.vlm.model = "gpt-4o"
+    c.vlm.api_key = ""  # "": $OPENAI_API_KEY; neither: the baseline is skipped
+
+    c.plan = ml_collections.ConfigDict()
+    c.plan.num_devices = 8
+    c.plan.ici = {"data": 1, "fsdp": -1, "tensor": 1}
+    c.plan.hbm_bytes = V5P_HBM_BYTES
+
+    if variant == "qwen3b":
+        t.num_train_steps = 5000
+        t.eval_every = 500
+        t.checkpoint_every = 500
+        t.model.kind = "hf"
+        t.model.hf_path = ""  # the run reads detector.pruned
+        t.model.base = "qwen2_5_vl_3b"
+        t.model.remat = "full"
+        t.data.image_size = (252, 448)
+        t.data.batch_size = 64
+        t.optimizer.learning_rate = 2e-5
+        t.optimizer.warmup_steps = 200
+        d.hf_source = "/mnt/models/Qwen2.5-VL-3B-Instruct"
+        d.policy = "/mnt/runs/imitation_qwen7b"
+        d.multiple_of = 128
+        d.history_frames = 3
+        d.stride = 5
+        d.max_len = 4 * 144 + 64
+        d.policy_max_len = 4 * 144 + 96
+        c.plan.num_devices = 64
+    return c

@@ -1,0 +1,215 @@
+"""Train the completion detector and report it on held-out episodes; or plan its 3B step.
+
+    python -m experiments.detector                                   # tiny: CPU, minutes
+    python -m experiments.detector --config.detector.records=/tmp/det_rec/records --workdir=/tmp/det
+    python -m experiments.detector --config=experiments/configs/detector.py:qwen3b --plan
+
+The run: expert records (given, or recorded from Luanti) and the policy's closed-loop evaluation episodes
+are split by episode into train / validation / test; a Hugging Face Qwen2.5-VL directory (tiny: a random
+3B-style one written here) is FFN-pruned into the detector; the shared train loop trains it beside the
+frozen policy; the threshold is calibrated on validation (best F1) and the test split is scored.
+Writes ``detector_report.json``; the library is ``histeve_jax.detector``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from absl import app, flags
+
+from experiments.config_cli import define_config
+
+_CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def policy_of(cfg: Any) -> tuple[Any, Any, int]:
+    """(policy config, ``load_policy`` or None, the policy's frame stride): the trained run's, or a random
+    tiny policy (one past frame, 4 steps back, as the tiny imitation run)."""
+    d, t = cfg.detector, cfg.train
+    if d.policy:
+        from histeve_jax.eval.policy_agent import load_run
+
+        loaded = load_run(d.policy)
+        return loaded.config, (lambda: loaded.policy), loaded.stride
+    from histeve_jax.policy import tiny_config
+
+    return tiny_config(history_frames=1, image_size=tuple(t.data.image_size)), None, 4
+
+
+def template_of(cfg: Any, policy_config: Any, cross_attention_every: int | None = None) -> Any:
+    """The detector config (its base is replaced by the pruned Hugging Face shape)."""
+    from histeve_jax.detector.config import DetectorConfig, qwen3b_config, tiny_base
+
+    d = cfg.detector
+    kw = dict(cross_attention_every=d.cross_attention_every if cross_attention_every is None
+              else cross_attention_every, history_frames=d.history_frames, stride=d.stride,
+              max_len=d.max_len, policy_max_len=d.policy_max_len)
+    if cfg.variant == "qwen3b":
+        return qwen3b_config(d.ffn_keep, d.multiple_of, **kw)
+    pc = policy_config.model_config
+    return DetectorConfig(base=tiny_base(), policy_hidden_size=pc.text.hidden_size, policy_vision=pc.vision,
+                          image_size=tuple(policy_config.image_size), **kw)
+
+
+def run_spec(cfg: Any, workdir: str, **data: Any) -> Any:
+    from histeve_jax.train.specs import RunSpec
+
+    spec = RunSpec.from_config(cfg.train, workdir)
+    return dataclasses.replace(spec, data=dataclasses.replace(spec.data, **data)) if data else spec
+
+
+def source_records(cfg: Any, workdir: str) -> list[str]:
+    """Expert record dirs (given, or recorded now) and the policy's evaluation records when there are."""
+    from histeve_jax.train.specs import dir_list
+
+    d = cfg.detector
+    dirs = list(dir_list(d.records))
+    if not dirs:
+        out = os.path.join(workdir, "records")
+        if not os.path.isdir(out):
+            h, w = cfg.train.data.image_size
+            cmd = [sys.executable, "-m", "experiments.record", f"--config={_CONFIGS}/record.py",
+                   f"--workdir={os.path.join(workdir, 'record_run')}", f"--config.output_dir={out}",
+                   f"--config.tasks={tuple(d.record_tasks)!r}", f"--config.episodes={d.record_episodes}",
+                   f"--config.obs_size=({h}, {w})", "--config.instances=2", "--config.progress_bar=False"]
+            subprocess.run(cmd, check=True, cwd=_REPO, timeout=1800)
+        dirs = [out]
+    evald = os.path.join(d.policy, "eval", "records", "policy") if d.eval_records == "auto" and d.policy \
+        else d.eval_records if d.eval_records != "auto" else ""
+    dirs += [x for x in dir_list(evald) if os.path.isdir(x)]
+    return dirs
+
+
+def pruned_detector(cfg: Any, template: Any, workdir: str) -> tuple[str, Any]:
+    """(the pruned detector's directory, its config): pruned from ``hf_source`` (tiny: a random 3B-style
+    Hugging Face directory written under the workdir) unless ``detector.pruned`` names one."""
+    from histeve_jax.detector import prune
+
+    d = cfg.detector
+    if d.pruned:
+        return d.pruned, prune.read_config(d.pruned)
+    src = d.hf_source
+    if not src:
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLModel, save_hf
+
+        src = os.path.join(workdir, "hf_base")
+        if not os.path.exists(os.path.join(src, "config.json")):
+            save_hf(Qwen2_5_VLModel(template.base.replace(dtype=jnp.float32), rngs=nnx.Rngs(7)), src)
+    out = os.path.join(workdir, f"pruned_x{template.cross_attention_every}")
+    detector, kept = prune.prune_hf(src, template, keep=d.ffn_keep, multiple_of=d.multiple_of)
+    prune.save_detector(detector, out, kept)
+    return out, detector.config
+
+
+def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log: Any = print) -> dict:
+    """Split, prune, train, calibrate on validation, score the test split; returns the report."""
+    from histeve_jax.detector import data as data_lib
+    from histeve_jax.detector.loss import binary_metrics, calibrate_threshold
+    from histeve_jax.detector.model import parameter_count
+    from histeve_jax.detector.predict import load_trained, predict
+    from histeve_jax.detector.stage import QueryOptions, detector_stage, queries_of
+    from histeve_jax.train.loop import train
+
+    d = cfg.detector
+    os.makedirs(workdir, exist_ok=True)
+    sources = source_records(cfg, workdir)
+    splits = [os.path.join(workdir, "data", s) for s in ("train", "val", "test")]
+    if not all(os.path.isdir(s) for s in splits):
+        n = data_lib.write_splits(sources, splits, tuple(d.splits), d.split_seed)
+        log(f"episodes: train {n[0]}, validation {n[1]}, test {n[2]} (from {sources})")
+    policy_config, load_policy, stride = policy_of(cfg)
+    template = template_of(cfg, policy_config, cross_attention_every).replace(policy_stride=stride)
+    pruned_dir, det_config = pruned_detector(cfg, template, workdir)
+    run_dir = os.path.join(workdir, f"run_x{det_config.cross_attention_every}")
+    spec = run_spec(cfg, run_dir, train_dirs=(splits[0],), eval_dirs=(splits[1],))
+    options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed)
+    stage = detector_stage(spec, det_config, policy_config, load_policy=load_policy, detector_dir=pruned_dir,
+                           queries=options)
+    counts = {name: data_lib.label_counts(queries_of([s], det_config, policy_config, options)[1])
+              for name, s in zip(("train", "val", "test"), splits, strict=True)}
+    log(f"queries: {counts}")
+    history = train(spec, stage)
+    module = load_trained(spec, stage)
+    scores = {}
+    for name, s in (("val", splits[1]), ("test", splits[2])):
+        scores[name] = predict(module, stage.make_iterator([s], spec.data, train=False))
+    threshold = calibrate_threshold(*scores["val"])
+    report = {"cross_attention_every": det_config.cross_attention_every, "threshold": threshold,
+              "validation": binary_metrics(*scores["val"], threshold),
+              "test": binary_metrics(*scores["test"], threshold), "queries": counts,
+              "parameters": parameter_count(det_config), "pruned_dir": pruned_dir, "run_dir": run_dir,
+              "final_loss": history[max(history)].get("loss")}
+    with open(os.path.join(run_dir, "detector_report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    return report
+
+
+def plan(cfg: Any) -> dict:
+    """Compile the detector's step (the ``qwen3b`` config: 3B detector beside a frozen 7B policy)."""
+    import jax
+
+    if jax.config.jax_num_cpu_devices < cfg.plan.num_devices:
+        jax.config.update("jax_num_cpu_devices", cfg.plan.num_devices)
+    from histeve_jax.detector.model import parameter_count
+    from histeve_jax.detector.plan import describe, plan_step
+    from histeve_jax.models import qwen2_5_vl
+    from histeve_jax.parallel import mesh as mesh_lib
+    from histeve_jax.policy import PolicyConfig, tiny_config
+
+    t = cfg.train
+    if cfg.variant == "qwen3b":
+        base = qwen2_5_vl.qwen2_5_vl_7b(dtype=jax.numpy.bfloat16, param_dtype=jax.numpy.bfloat16)
+        pc = PolicyConfig(base=base, history_frames=3, image_size=tuple(t.data.image_size))
+    else:
+        pc = tiny_config(history_frames=1, image_size=tuple(t.data.image_size))
+    det = template_of(cfg, pc)
+    det = det.replace(base=det.base.replace(dtype=jax.numpy.dtype(t.model.dtype), remat=t.model.remat))
+    mesh = mesh_lib.make_mesh(dict(cfg.plan.ici), devices=jax.devices()[: cfg.plan.num_devices])
+    counts = parameter_count(det)
+    fig = plan_step(run_spec(cfg, "/tmp/detector_plan"), det, pc, mesh, cfg.plan.hbm_bytes)
+    print(param_line(counts))
+    for line in describe(fig, mesh):
+        print(line)
+    print(f"hbm_fraction_v5p={fig['hbm_fraction']:.3f}")
+    return {**fig, "parameters": counts}
+
+
+def param_line(c: dict) -> str:
+    """The parameter count and what it counts."""
+    b = lambda k: f"{c[k] / 1e9:.3f}B"
+    return (f"detector parameters (nnx.eval_shape): backbone {b('backbone')} (embedding {b('embedding')} + "
+            f"decoder layers with pruned FFN {b('decoder_layers')}; no vision tower: it is the policy's) "
+            f"+ cross-attention {b('cross_attention')} + projections {b('projections')} + head "
+            f"= {b('total')}")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cfg = flags.FLAGS.config
+    if _PLAN.value:
+        plan(cfg)
+        return
+    report = run(cfg, _WORKDIR.value or f"/tmp/histeve_runs/detector_{cfg.variant}")
+    print(param_line(report["parameters"]))
+    m = report["test"]
+    print(f"threshold {report['threshold']:.3f} (validation F1 {report['validation']['f1']:.3f}); test "
+          f"n={int(m['n'])} accuracy={m['accuracy']:.3f} precision={m['precision']:.3f} "
+          f"recall={m['recall']:.3f} "
+          f"f1={m['f1']:.3f} fpr={m['fpr']:.3f} fnr={m['fnr']:.3f}")
+
+
+if __name__ == "__main__":
+    define_config(os.path.join(_CONFIGS, "detector.py"), "Detector config.")
+    _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
+    _PLAN = flags.DEFINE_bool("plan", False, "Compile the detector's step over simulated devices instead.")
+    app.run(main)

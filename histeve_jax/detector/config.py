@@ -1,0 +1,133 @@
+"""The completion detector's static description: its decoder shape, what it reads of the policy, its frames.
+
+The detector is a Qwen2.5-VL text decoder (``base``: the 3B's shape with the FFN width pruned) that reads
+the policy's image embeddings (the policy's vision tower, computed once per frame) and, through a
+cross-attention block after every ``cross_attention_every``-th decoder layer, the policy's final-layer
+hidden states of its prompt (the tokens before the first action token). Both inputs have the policy's
+width; they are projected to the detector's where the widths differ (7B policy 3584 -> 3B detector 2048).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from histeve_jax.models import qwen2_5_vl
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, VisionConfig
+
+NUM_CLASSES = 2  # incomplete, complete
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectorConfig:
+    """The detector: decoder shape, the policy it reads, the frames of one query and the padded lengths."""
+
+    base: Qwen2_5_VLConfig  # the decoder (its vision part is unused: the policy's tower encodes frames)
+    policy_hidden_size: int  # width of the policy's hidden states and image embeddings
+    policy_vision: VisionConfig  # the policy's image encoder, which the detector shares
+    image_size: tuple[int, int] = (56, 56)  # (H, W) of every frame (the policy's)
+    cross_attention_every: int = 4  # a cross-attention block after every n-th layer; 0: none (ablation)
+    history_frames: int = 3  # frames before the query, ``stride`` steps apart
+    stride: int = 4
+    policy_stride: int = 4  # steps between the policy's own frames (its run's data.stride)
+    max_len: int = 96  # the detector prompt's padded length
+    policy_max_len: int = 80  # the policy prompt's padded length (the cross-attention's keys)
+
+    def __post_init__(self):
+        n, L = self.cross_attention_every, self.base.text.num_hidden_layers
+        if n < 0 or (n and L % n):
+            raise ValueError(f"DetectorConfig.cross_attention_every={n} must be 0 or divide the "
+                             f"decoder's num_hidden_layers={L}")
+        if any(int(s) % 28 for s in self.image_size):
+            raise ValueError(f"DetectorConfig.image_size {self.image_size} must be multiples of 28")
+        if self.history_frames < 0 or self.stride < 1:
+            raise ValueError(f"DetectorConfig: history_frames={self.history_frames} must be >= 0 and "
+                             f"stride={self.stride} >= 1")
+        if self.base.norm_regimes != 1:
+            raise ValueError("DetectorConfig.base: the detector has one RMSNorm scale (norm_regimes=1)")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.base.text.hidden_size
+
+    @property
+    def projects(self) -> bool:
+        """Whether the policy's width differs from the detector's (then both inputs are projected)."""
+        return self.policy_hidden_size != self.hidden_size
+
+    @property
+    def num_groups(self) -> int:
+        """Cross-attention blocks (one after each group of ``cross_attention_every`` layers)."""
+        n = self.cross_attention_every
+        return self.base.text.num_hidden_layers // n if n else 0
+
+    @property
+    def num_frames(self) -> int:
+        return self.history_frames + 1
+
+    @property
+    def tokens_per_image(self) -> int:
+        m = self.policy_vision.spatial_merge_size * self.policy_vision.patch_size
+        return (self.image_size[0] // m) * (self.image_size[1] // m)
+
+    def frame_offsets(self) -> tuple[int, ...]:
+        """Steps before the query of the detector's frames, oldest first (the query itself is 0)."""
+        return tuple(k * self.stride for k in range(self.history_frames, -1, -1))
+
+    def replace(self, **kw: Any) -> DetectorConfig:
+        return dataclasses.replace(self, **kw)
+
+    def check_policy(self, policy_config: Any) -> None:
+        """Raise (one line naming both) unless the policy's hidden width and image encoder are expected."""
+        pc = policy_config.model_config if hasattr(policy_config, "model_config") else policy_config
+        p_img = tuple(getattr(policy_config, "image_size", self.image_size))
+        mine = (self.policy_hidden_size, _encoder(self.policy_vision), tuple(self.image_size))
+        theirs = (pc.text.hidden_size, _encoder(pc.vision), p_img)
+        if mine != theirs:
+            raise ValueError(
+                f"policy/detector mismatch: the policy has hidden width {theirs[0]} and image encoder "
+                f"{theirs[1]} at {theirs[2]}, the detector config expects hidden width {mine[0]} and image "
+                f"encoder {mine[1]} at {mine[2]}")
+
+
+def _encoder(v: VisionConfig) -> str:
+    """A vision tower's shape in one token: what must match for the embeddings to mean the same."""
+    return (f"vision(depth={v.depth}, width={v.hidden_size}, patch={v.patch_size}, "
+            f"merge={v.spatial_merge_size}, out={v.out_hidden_size})")
+
+
+def tiny_base(intermediate_size: int = 96, **kw: Any) -> Qwen2_5_VLConfig:
+    """The tiny detector decoder's unpruned ("3B-style") shape: 4 layers of width 32, the tiny vocab."""
+    base = qwen2_5_vl.tiny(**kw)
+    return base.replace(
+        text={"hidden_size": 32, "intermediate_size": intermediate_size, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "mrope_section": (1, 1, 2)},
+        vision={"out_hidden_size": 32})
+
+
+def tiny_config(policy_config: Any, **kw: Any) -> DetectorConfig:
+    """A tiny detector (pruned to 32 channels) for a tiny policy: tests and the CPU run."""
+    base = kw.pop("base", None) or tiny_base(intermediate_size=32)
+    pc = policy_config.model_config
+    return DetectorConfig(base=base, policy_hidden_size=pc.text.hidden_size, policy_vision=pc.vision,
+                          image_size=tuple(policy_config.image_size), **kw)
+
+
+def qwen3b_config(ffn_keep: float = 1 / 3, multiple_of: int = 128, **kw: Any) -> DetectorConfig:
+    """The paper's detector: Qwen2.5-VL-3B with its FFN pruned to ``ffn_keep`` for the 7B policy."""
+    base = qwen2_5_vl.qwen2_5_vl_3b()
+    width = pruned_width(base.text.intermediate_size, ffn_keep, multiple_of)
+    policy = qwen2_5_vl.qwen2_5_vl_7b()
+    defaults = dict(image_size=(252, 448), history_frames=3, stride=5, max_len=4 * 144 + 64,
+                    policy_max_len=4 * 144 + 64)
+    defaults.update(kw)
+    return DetectorConfig(base=base.replace(text={"intermediate_size": width}),
+                          policy_hidden_size=policy.text.hidden_size, policy_vision=policy.vision, **defaults)
+
+
+def pruned_width(intermediate_size: int, keep: float, multiple_of: int = 1) -> int:
+    """Channels kept of ``intermediate_size`` at fraction ``keep``, rounded to ``multiple_of``."""
+    if not 0 < keep <= 1:
+        raise ValueError(f"ffn keep fraction {keep} must be in (0, 1]")
+    k = max(multiple_of, int(round(intermediate_size * keep / multiple_of)) * multiple_of)
+    return min(k, intermediate_size)

@@ -1,0 +1,246 @@
+"""Completion labels from records, balanced queries, and the detector's batch iterator.
+
+Labels (``episode_units``): an episode gives one *unit* per instruction whose completion it shows:
+
+* the task itself: incomplete before the first record whose privileged check holds (``completed == 1``;
+  the recorder and closed-loop evaluation both write it), complete from there on. An episode that never
+  completes (a failed policy episode) gives incomplete queries only: the negatives the detector meets in
+  the loop;
+* each expert subtask (a run of one ``subtask`` name; boundaries are where it changes): incomplete on its
+  own steps, complete from the first step of the next subtask on (``post_window`` steps of it). Its
+  instruction is ``"<task instruction>; subtask: <name>"``.
+
+Queries (``sample_queries``): per unit up to ``per_unit`` steps from each side, then the larger class is
+subsampled to the smaller one's size, so the set is balanced while failed episodes still give negatives.
+Each query's frames are the records ``offset`` steps before it for the slot offsets (``coupled.frame_slots``),
+clamped to the episode's first step as the training windows and ``FrameHistory`` clamp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from histeve_jax.data import pipeline
+from histeve_jax.data import records as R
+from histeve_jax.detector.inputs import QueryInputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What labelling needs of one record (no frame): its global index in the shard set and its fields."""
+
+    index: int
+    episode_id: str
+    step: int
+    task_id: str
+    kind: str
+    instruction: str
+    subtask: str
+    completed: int
+    regime: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One instruction of one episode: the steps where it is incomplete and those where it is complete."""
+
+    instruction: str
+    negatives: tuple[int, ...]  # positions in the episode
+    positives: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One detector sample: the global record indices of its frame slots, the instruction and the label."""
+
+    episode_id: str
+    step: int
+    frames: tuple[int, ...]
+    instruction: str
+    regime: int
+    label: int
+    kind: str
+
+
+def read_steps(directories: str | Sequence[str]) -> tuple[pipeline.ShardSet, dict[str, list[Step]]]:
+    """(the shard set, episode id -> its steps in order), reading each record's fields once."""
+    shards = pipeline.open_shards(directories)
+    episodes: dict[str, list[Step]] = {}
+    offset = 0
+    for path, n in zip(shards.paths, shards.num_records, strict=True):
+        for i, r in enumerate(R.read_shard(path)):
+            episodes.setdefault(r.episode_id, []).append(Step(
+                offset + i, r.episode_id, r.step, r.task_id, r.kind, r.instruction, r.subtask,
+                int(r.completed), int(bool(r.is_gui_open))))
+        offset += n
+    for eid, steps in episodes.items():
+        if [s.step for s in steps] != list(range(len(steps))):
+            raise R.RecordError(f"episode {eid}: steps are not 0..n-1 in order (records layout rule)")
+    return shards, episodes
+
+
+def subtask_instruction(instruction: str, subtask: str) -> str:
+    return f"{instruction}; subtask: {subtask.replace('_', ' ')}"
+
+
+def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool = True) -> list[Unit]:
+    """The task unit and (``subtasks``) one unit per expert subtask of one episode (module docstring)."""
+    n = len(steps)
+    done = [i for i, s in enumerate(steps) if s.completed == 1]
+    units = []
+    if any(s.completed >= 0 for s in steps):
+        c = done[0] if done else n
+        units.append(Unit(steps[0].instruction, tuple(range(c)), tuple(range(c, n))))
+    if subtasks:
+        runs: list[tuple[str, int]] = []  # (name, first position)
+        for i, s in enumerate(steps):
+            if not runs or runs[-1][0] != s.subtask:
+                runs.append((s.subtask, i))
+        for (name, a), (_, b) in zip(runs, runs[1:], strict=False):
+            if name and name != "done":
+                units.append(Unit(subtask_instruction(steps[0].instruction, name), tuple(range(a, b)),
+                                  tuple(range(b, min(b + post_window, n)))))
+    return units
+
+
+def query_frames(steps: Sequence[Step], position: int, offsets: Sequence[int]) -> tuple[int, ...]:
+    """Global indices of the slot frames of the query at ``position`` (clamped to the first step)."""
+    return tuple(steps[max(position - o, 0)].index for o in offsets)
+
+
+def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, per_unit: int = 3,
+                   post_window: int = 4, subtasks: bool = True, seed: int = 0) -> list[Query]:
+    """A balanced query set (module docstring), in a seeded order."""
+    rng = random.Random(seed)
+    pos: list[Query] = []
+    neg: list[Query] = []
+    for eid in sorted(episodes):
+        steps = episodes[eid]
+        for unit in episode_units(steps, post_window=post_window, subtasks=subtasks):
+            for label, where, out in ((1, unit.positives, pos), (0, unit.negatives, neg)):
+                chosen = rng.sample(where, min(per_unit, len(where)))
+                out.extend(Query(eid, steps[p].step, query_frames(steps, p, offsets), unit.instruction,
+                                 steps[p].regime, label, steps[p].kind) for p in sorted(chosen))
+    k = min(len(pos), len(neg))
+    out = rng.sample(pos, k) + rng.sample(neg, k)
+    rng.shuffle(out)
+    return out
+
+
+def split_episodes(episodes: dict[str, list[Step]], fractions: Sequence[float],
+                   seed: int = 0) -> list[dict[str, list[Step]]]:
+    """Episodes split by episode (never a query's frames across splits), per task in a seeded order;
+    each split but the first gets ``round(fraction * n)`` of each task's episodes (at least one)."""
+    by_task: dict[str, list[str]] = {}
+    for eid in sorted(episodes):
+        by_task.setdefault(episodes[eid][0].task_id, []).append(eid)
+    out: list[dict[str, list[Step]]] = [{} for _ in fractions]
+    rng = random.Random(seed)
+    for ids in by_task.values():
+        rng.shuffle(ids)
+        cut = 0
+        for i in range(len(fractions) - 1, 0, -1):
+            k = max(1, round(fractions[i] * len(ids))) if len(ids) > len(fractions) - 1 else 0
+            for eid in ids[cut: cut + k]:
+                out[i][eid] = episodes[eid]
+            cut += k
+        for eid in ids[cut:]:
+            out[0][eid] = episodes[eid]
+    return out
+
+
+def write_splits(directories: Sequence[str], out_dirs: Sequence[str], fractions: Sequence[float],
+                 seed: int = 0) -> list[int]:
+    """Copy the episodes of ``directories`` into ``out_dirs`` (``split_episodes``); returns the episode
+    counts. Each episode keeps its records as they are (kinds "demo" and "eval" alike)."""
+    _, episodes = read_steps(list(directories))
+    where = {eid: i for i, part in enumerate(split_episodes(episodes, fractions, seed)) for eid in part}
+    groups: list[dict[str, list[R.StepRecord]]] = [{} for _ in out_dirs]
+    for path in pipeline.open_shards(list(directories)).paths:
+        for r in R.read_shard(path):
+            groups[where[r.episode_id]].setdefault(r.episode_id, []).append(r)
+    for d, g in zip(out_dirs, groups, strict=True):
+        R.write_episodes(d, list(g.values()), prefix="detector")
+    return [len(g) for g in groups]
+
+
+class QuerySource(grain.sources.RandomAccessDataSource):
+    """Query ``i`` -> ``{"frames": [bytes per slot], "instruction", "regime", "label"}``; a record that does
+    not read yields ``{pipeline.BAD: reason}``."""
+
+    def __init__(self, shards: pipeline.ShardSet, queries: Sequence[Query]):
+        from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+        self._source = ArrayRecordDataSource(shards.paths)
+        self._names = [p.rsplit("/", 1)[-1] for p in shards.paths]
+        self.queries = list(queries)
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+    def __repr__(self) -> str:  # grain keeps this string in the iterator state: no memory address
+        return f"QuerySource(shards={self._names}, queries={len(self.queries)})"
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        q = self.queries[int(i)]
+        try:
+            frames = [R.deserialize(self._source[j]).frame for j in q.frames]
+        except (R.RecordError, RuntimeError) as e:
+            return {pipeline.BAD: f"query record does not read: {type(e).__name__}"}
+        return {"frames": frames, "instruction": q.instruction, "regime": q.regime, "label": q.label}
+
+
+class FeaturizeQuery(grain.transforms.Map):
+    """Decoded frames -> the query's arrays (``QueryInputs``); a frame that does not decode -> BAD."""
+
+    def __init__(self, inputs: QueryInputs):
+        self.inputs = inputs
+
+    def map(self, x: dict[str, Any]) -> dict[str, Any]:
+        if pipeline.BAD in x:
+            return x
+        try:
+            frames = [R.decode_frame(f) for f in x["frames"]]
+        except R.RecordError:
+            return {pipeline.BAD: "frame does not decode"}
+        return self.inputs(frames, x["instruction"], x["regime"], x["label"])
+
+
+def make_batches(shards: pipeline.ShardSet, queries: Sequence[Query], inputs: QueryInputs,
+                 options: pipeline.LoaderOptions) -> pipeline.Batches:
+    """Batches of queries through grain (``pipeline.Batches``: bad samples skipped and counted, and the
+    iterator state a checkpoint keeps)."""
+    if not queries:
+        raise ValueError("detector data: no queries (no episode shows an incomplete and a complete step)")
+    source = QuerySource(shards, queries)
+    if options.shard_count is None:
+        shard_opts = grain.sharding.ShardByJaxProcess(drop_remainder=True)
+    else:
+        shard_opts = grain.sharding.ShardOptions(options.shard_index or 0, options.shard_count,
+                                                 drop_remainder=True)
+    sampler = grain.samplers.IndexSampler(len(source), shuffle=options.shuffle, num_epochs=options.num_epochs,
+                                          seed=options.seed)
+    loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[FeaturizeQuery(inputs)],
+                              worker_count=options.worker_count, shard_options=shard_opts,
+                              worker_buffer_size=options.worker_buffer_size,
+                              read_options=grain.ReadOptions(num_threads=options.read_threads))
+    return pipeline.Batches(loader, options.batch_size, max_bad_fraction=options.max_bad_fraction,
+                            min_samples_for_check=options.min_samples_for_check)
+
+
+def label_counts(queries: Iterable[Query]) -> dict[str, int]:
+    """Positives and negatives, and how many queries come from closed-loop evaluation episodes."""
+    qs = list(queries)
+    return {"queries": len(qs), "positives": sum(q.label for q in qs),
+            "negatives": sum(1 - q.label for q in qs), "from_eval": sum(q.kind == "eval" for q in qs)}
+
+
+def stack(rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Rows of ``QueryInputs`` -> one batch."""
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}

@@ -1,0 +1,120 @@
+"""One query as arrays: the frames of its slots, the detector's prompt and the policy's prompt.
+
+The detector's prompt is one user turn: its frames (oldest first), the instruction and the question
+``DETECTOR_QUESTION``, then the generation prompt; its last token's hidden state is what the head reads.
+The policy's prompt is exactly what the policy sees when it acts (``data.prompts.observation_messages``
+with its own frames). Both are right-padded to fixed lengths. Token ids depend only on the instruction
+(every frame has the same size), so they are built once per instruction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from histeve_jax.data import pipeline
+from histeve_jax.data.image_processing import (
+    VisionPreprocessConfig,
+    as_rgb_uint8,
+    process_images,
+    resize_image,
+)
+from histeve_jax.data.prompts import QwenVLProcessor, observation_messages
+from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS, PAD_ID, load_qwen_tokenizer
+from histeve_jax.detector.config import DetectorConfig
+from histeve_jax.detector.coupled import frame_slots
+from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig
+
+DETECTOR_QUESTION = "Has this instruction been completed? Answer yes or no."
+
+
+def detector_messages(frames: Sequence[np.ndarray], instruction: str) -> list[dict[str, Any]]:
+    """The detector's chat messages for one query: its frames, the instruction, the question."""
+    content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
+    content.append({"type": "text", "text": f"Instruction: {instruction}\n{DETECTOR_QUESTION}"})
+    return [{"role": "user", "content": content}]
+
+
+def compact_ids(base: Qwen2_5_VLConfig, action_base: int | None = None,
+                n_action: int = 0) -> np.ndarray | None:
+    """Tokenizer id -> model id for a model whose table is smaller than the tokenizer (the tiny ones;
+    ``data.pipeline.CompactVocab``), else None."""
+    if base.text.vocab_size >= NUM_TOKENIZER_IDS:
+        return None
+    cv = pipeline.CompactVocab(image_token_id=base.image_token_id, video_token_id=base.video_token_id,
+                               vision_start_token_id=base.vision_start_token_id,
+                               vision_end_token_id=base.vision_end_token_id,
+                               action_base=base.text.vocab_size if action_base is None else action_base)
+    return cv.table(n_action)
+
+
+class QueryInputs:
+    """Builds the arrays of one query (``coupled`` module docstring) from its slot frames (HxWx3 uint8)."""
+
+    def __init__(self, config: DetectorConfig, policy_config: Any, tokenizer_path: str | None = None):
+        self.config, self.policy_config = config, policy_config
+        self.slots = frame_slots(config, policy_config.num_frames)
+        h, w = config.image_size
+        self.image_config = VisionPreprocessConfig(min_pixels=h * w, max_pixels=h * w)
+        self._tokenizer_path = tokenizer_path
+        self._processor: QwenVLProcessor | None = None  # built lazily (grain workers, pickling)
+        self._ids: dict[str, tuple[np.ndarray, np.ndarray, int, int]] = {}
+        self.detector_ids = compact_ids(config.base)
+        pb = policy_config.model_config
+        self.policy_ids = compact_ids(pb, policy_config.action_token_base, len(policy_config.vocab.ids))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_processor": None}
+
+    def _prompt_ids(self, instruction: str) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(detector ids, policy ids, their lengths) of ``instruction``, right-padded to their lengths."""
+        if instruction in self._ids:
+            return self._ids[instruction]
+        if self._processor is None:
+            self._processor = QwenVLProcessor(load_qwen_tokenizer(self._tokenizer_path),
+                                              image_config=self.image_config)
+        h, w = self.config.image_size
+        blank = np.zeros((h, w, 3), np.uint8)
+        out = []
+        for frames, msgs, length, remap, who in (
+            (self.config.num_frames, detector_messages, self.config.max_len, self.detector_ids, "detector"),
+            (self.policy_config.num_frames, observation_messages, self.config.policy_max_len,
+             self.policy_ids, "policy"),
+        ):
+            ids = self._processor.from_messages(msgs([blank] * frames, instruction),
+                                                add_generation_prompt=True)["input_ids"]
+            if len(ids) > length:
+                raise ValueError(f"{who} prompt of {instruction!r} has {len(ids)} tokens > {length} "
+                                 f"(DetectorConfig.{'max_len' if who == 'detector' else 'policy_max_len'})")
+            padded = np.full(length, PAD_ID, np.int64)
+            padded[: len(ids)] = ids
+            if remap is not None:
+                padded = remap[padded]
+            out.append((padded.astype(np.int32), len(ids)))
+        (d_ids, d_n), (p_ids, p_n) = out
+        self._ids[instruction] = (d_ids, p_ids, d_n, p_n)
+        return self._ids[instruction]
+
+    def pixels(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """Patches [len(frames) * P, 1176] of frames (HxWx3 uint8, resized to the config's image size)."""
+        h, w = self.config.image_size
+        frames = [as_rgb_uint8(f, f"query frame {i}") for i, f in enumerate(frames)]
+        frames = [f if f.shape[:2] == (h, w) else resize_image(f, h, w) for f in frames]
+        return process_images(frames, self.image_config)["pixel_values"].astype(np.float32)
+
+    def prompts(self, instruction: str, regime: int, label: int = -1) -> dict[str, np.ndarray]:
+        """The query's arrays other than its pixels."""
+        d_ids, p_ids, d_n, p_n = self._prompt_ids(instruction)
+        mask = lambda n, L: (np.arange(L) < n).astype(np.int32)
+        return {"input_ids": d_ids, "attention_mask": mask(d_n, len(d_ids)),
+                "policy_input_ids": p_ids, "policy_attention_mask": mask(p_n, len(p_ids)),
+                "regime": np.asarray(int(regime), np.int32), "label": np.asarray(int(label), np.int32)}
+
+    def __call__(self, frames: Sequence[np.ndarray], instruction: str, regime: int,
+                 label: int = -1) -> dict[str, np.ndarray]:
+        """One query's arrays from the frames of its slots (oldest first, ``len(self.slots[0])`` of them)."""
+        if len(frames) != len(self.slots[0]):
+            raise ValueError(f"query: {len(frames)} frames, the detector's slots need {len(self.slots[0])}")
+        return {"pixel_values": self.pixels(frames), **self.prompts(instruction, regime, label)}

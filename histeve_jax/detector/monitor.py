@@ -1,0 +1,154 @@
+"""The detector in the loop: a bounded invocation ends on two consecutive queries over threshold, or on its
+budget.
+
+``CompletionMonitor`` keeps the invocation's rolling frame history; every ``every`` steps it queries the
+coupled detector on the frames of its slots (each frame's image embeddings computed once, by the policy's
+vision tower, when a query first needs it, then reused by later queries and by both models) and records
+the probability. It signals a candidate completion when ``consecutive`` queries in a row are over the
+threshold (``first_signal`` is the rule on a probability sequence), and returns control when the budget
+of steps is spent. ``MonitoredAgent`` wraps any rollout ``Agent`` with a monitor: the step it fires, the
+agent answers a no-op with ``subtask="done"``, which ``eval.rollout.run_episode`` already treats as the
+end of the episode (so the hook works with the rollout as it is).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from histeve_jax.detector.coupled import CoupledDetector
+from histeve_jax.detector.inputs import QueryInputs
+from histeve_jax.detector.loss import completion_probability
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorOptions:
+    """Query every ``every`` steps; fire after ``consecutive`` queries at or over ``threshold``; give control
+    back after ``budget`` steps (0: no budget)."""
+
+    threshold: float = 0.5
+    every: int = 4
+    consecutive: int = 2
+    budget: int = 0
+
+    def __post_init__(self):
+        if self.every < 1 or self.consecutive < 1 or self.budget < 0:
+            raise ValueError(f"MonitorOptions: every={self.every} and consecutive={self.consecutive} must be "
+                             f">= 1, budget={self.budget} >= 0")
+
+
+def first_signal(probabilities: Sequence[float], threshold: float, consecutive: int = 2) -> int | None:
+    """Index of the query at which ``consecutive`` queries in a row are >= ``threshold`` (None: never)."""
+    run = 0
+    for i, p in enumerate(probabilities):
+        run = run + 1 if p >= threshold else 0
+        if run >= consecutive:
+            return i
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorStep:
+    """What the monitor says after one frame: the query's probability (None between queries), whether the
+    invocation ends, and why ("detector" or "budget"; "" while it goes on)."""
+
+    step: int
+    probability: float | None
+    stop: bool
+    reason: str
+
+
+@nnx.jit
+def _embed_frame(coupled: CoupledDetector, pixels: jax.Array) -> jax.Array:
+    return coupled.frame_embeds(pixels, 1)[0]
+
+
+@nnx.jit
+def _query(coupled: CoupledDetector, embeds: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    return completion_probability(coupled.logits_from_embeds(embeds, batch))[0]
+
+
+class CompletionMonitor:
+    """The detector of one bounded invocation (module docstring). ``curve`` holds (step, probability)."""
+
+    def __init__(self, coupled: CoupledDetector, inputs: QueryInputs, options: MonitorOptions):
+        self.coupled, self.inputs, self.options = coupled, inputs, options
+        self.offsets = inputs.slots[0]
+        self.reset("")
+
+    def reset(self, instruction: str, regime: int = 0) -> None:
+        """A new invocation of ``instruction``."""
+        self.instruction, self.regime = instruction, int(regime)
+        self.step = -1
+        self._frames: collections.deque[tuple[np.ndarray, list[Any]]] = collections.deque(
+            maxlen=max(self.offsets) + 1)
+        self._run = 0
+        self.curve: list[tuple[int, float]] = []
+        self.stopped: MonitorStep | None = None
+
+    def _embeds(self, back: int) -> jax.Array:
+        """The image embeddings of the frame ``back`` steps ago (clamped to the first), computed once."""
+        frame, cache = self._frames[max(len(self._frames) - 1 - back, 0)]
+        if not cache:
+            cache.append(_embed_frame(self.coupled, jnp.asarray(self.inputs.pixels([frame]))))
+        return cache[0]
+
+    def probability(self) -> float:
+        """The detector's completion probability on the current history (one query)."""
+        embeds = jnp.stack([self._embeds(o) for o in self.offsets])[None]
+        arrays = self.inputs.prompts(self.instruction, self.regime)
+        batch = {k: jnp.asarray(v)[None] for k, v in arrays.items()}
+        return float(_query(self.coupled, embeds, batch))
+
+    def observe(self, frame: np.ndarray, info: dict | None = None) -> MonitorStep:
+        """Add the frame of the next step; query if it is a query step; say whether the invocation ends."""
+        if self.stopped is not None:
+            return self.stopped
+        self.step += 1
+        if info is not None and "is_gui_open" in info:
+            self.regime = int(bool(info["is_gui_open"]))
+        self._frames.append((np.asarray(frame), []))
+        o = self.options
+        prob = None
+        if self.step % o.every == o.every - 1:
+            prob = self.probability()
+            self.curve.append((self.step, prob))
+            self._run = self._run + 1 if prob >= o.threshold else 0
+        reason = ""
+        if self._run >= o.consecutive:
+            reason = "detector"
+        elif o.budget and self.step + 1 >= o.budget:
+            reason = "budget"
+        out = MonitorStep(self.step, prob, bool(reason), reason)
+        if reason:
+            self.stopped = out
+        return out
+
+
+class MonitoredAgent:
+    """A rollout ``Agent`` whose invocation the detector ends: after each observation the monitor decides;
+    when it fires, the agent answers a no-op with ``subtask="done"`` (``run_episode`` stops there)."""
+
+    def __init__(self, agent: Any, monitor: CompletionMonitor):
+        self.agent, self.monitor = agent, monitor
+        self.name = f"{getattr(agent, 'name', type(agent).__name__)}+detector"
+
+    def reset(self, task: Any, obs: dict, info: dict, seed: int) -> None:
+        self.agent.reset(task, obs, info, seed)
+        self.monitor.reset(task.text, int(bool(info.get("is_gui_open", False))))
+
+    def act(self, obs: dict, info: dict) -> Any:
+        from histeve_jax.envs.base import noop_action
+        from histeve_jax.eval.rollout import Decision
+
+        m = self.monitor.observe(obs["image"], info)
+        if m.stop:
+            return Decision(action=noop_action(), subtask="done", text=f"detector: {m.reason}")
+        return self.agent.act(obs, info)

@@ -1,0 +1,230 @@
+"""The completion detector: pruning keeps the top channels and restricts the FFN exactly, the 3B count by
+abstract evaluation, cross-attention only through the policy's states, labels and balanced queries from
+records, the shared train loop with the policy frozen, the in-loop signal rule and the monitor."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from conftest import qwen_tiny_hf
+from flax import nnx
+
+from experiments.configs import detector as detector_configs
+from histeve_jax.data import records as R
+from histeve_jax.detector import data as data_lib
+from histeve_jax.detector import prune
+from histeve_jax.detector.config import qwen3b_config, tiny_base, tiny_config
+from histeve_jax.detector.coupled import CoupledDetector, Frozen, frame_slots
+from histeve_jax.detector.inputs import QueryInputs
+from histeve_jax.detector.loss import binary_metrics, calibrate_threshold
+from histeve_jax.detector.model import Detector, parameter_count
+from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions, first_signal
+from histeve_jax.detector.predict import load_trained
+from histeve_jax.detector.stage import detector_stage
+from histeve_jax.parallel import sharding
+from histeve_jax.policy import Policy
+from histeve_jax.policy import tiny_config as policy_tiny
+from histeve_jax.train.loop import train
+from histeve_jax.train.specs import RunSpec
+
+POLICY = policy_tiny(history_frames=1)
+
+
+@pytest.fixture(scope="module")
+def hf_3b_style(tmp_path_factory):
+    """A tiny random transformers Qwen2.5-VL (width 32, FFN 96) saved as a Hugging Face directory."""
+    hf = qwen_tiny_hf(tiny_base(intermediate_size=96), seed=3)
+    d = str(tmp_path_factory.mktemp("hf_3b_style"))
+    hf.save_pretrained(d)
+    return hf, d
+
+
+@pytest.fixture(scope="module")
+def pruned(hf_3b_style, tmp_path_factory):
+    _, d = hf_3b_style
+    det, kept = prune.prune_hf(d, tiny_config(POLICY), keep=1 / 3)
+    out = str(tmp_path_factory.mktemp("pruned"))
+    prune.save_detector(det, out, kept)
+    return det, kept, out
+
+
+@pytest.fixture(scope="module")
+def coupled(pruned):
+    return CoupledDetector(Policy(POLICY, rngs=nnx.Rngs(0)), pruned[0])
+
+
+def test_pruning_keeps_the_top_channels_and_restricts_the_ffn_exactly(hf_3b_style, pruned):
+    hf, _ = hf_3b_style
+    det, kept, _ = pruned
+    assert kept.shape == (4, 32) and det.config.base.text.intermediate_size == 32
+    for i, layer in enumerate(hf.model.language_model.layers):
+        mlp, gamma = layer.mlp, layer.post_attention_layernorm.weight.detach().double()
+        gate, up, down = (getattr(mlp, f"{n}_proj").weight.detach().double() for n in ("gate", "up", "down"))
+        # The score by hand from the HF tensors: ||down[:, j]|| * ||gamma * gate[j]|| * ||gamma * up[j]||.
+        score = (gate * gamma).norm(dim=1) * (up * gamma).norm(dim=1) * down.norm(dim=0)
+        want = np.sort(torch.topk(score, 32).indices.numpy())
+        np.testing.assert_array_equal(kept[i], want)
+        ours = det.language_model.layers.mlp
+        hf_w = lambda n, mlp=mlp: getattr(mlp, f"{n}_proj").weight.detach().numpy().T
+        np.testing.assert_array_equal(np.asarray(ours.gate[i]), hf_w("gate")[:, want])
+        np.testing.assert_array_equal(np.asarray(ours.up[i]), hf_w("up")[:, want])
+        np.testing.assert_array_equal(np.asarray(ours.down[i]), hf_w("down")[want])
+        # The pruned FFN equals the original one with the other channels' activations zeroed.
+        x = torch.randn(5, 32, dtype=torch.float64)
+        h = torch.nn.functional.silu(x @ gate.T) * (x @ up.T)
+        keep = torch.zeros(96, dtype=torch.float64)
+        keep[want] = 1.0
+        ref = (h * keep) @ down.T
+        sub = jax.tree.map(lambda a, i=i: a[i], nnx.state(det.language_model.layers.mlp))
+        m = nnx.merge(nnx.graphdef(det.language_model.layers.mlp), sub)
+        np.testing.assert_allclose(np.asarray(m(jnp.asarray(x.numpy(), jnp.float32))), ref.numpy(), atol=2e-5)
+
+
+def test_pruned_detector_roundtrips_and_copies_the_rest_of_the_decoder(hf_3b_style, pruned):
+    hf, _ = hf_3b_style
+    det, kept, out = pruned
+    back = prune.load_detector(out)
+    for a, b in zip(jax.tree.leaves(nnx.state(det, nnx.Param)), jax.tree.leaves(nnx.state(back, nnx.Param)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(prune.kept_channels(out), kept)
+    np.testing.assert_array_equal(np.asarray(det.language_model.embed[...]),
+                                  hf.model.language_model.embed_tokens.weight.detach().numpy())
+    q = hf.model.language_model.layers[2].self_attn.q_proj.weight.detach().numpy()
+    np.testing.assert_array_equal(np.asarray(det.language_model.layers.attn.q[2]).reshape(32, 32), q.T)
+
+
+def test_3b_count_by_abstract_evaluation_matches_the_hand_count():
+    c = qwen3b_config()
+    t, n = c.base.text, parameter_count(c)
+    E, F, L, V = t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.vocab_size
+    K, D = t.num_key_value_heads, t.head_dim
+    layer = E * E + E + 2 * (E * K * D + K * D) + E * E + 3 * E * F + 2 * E
+    assert F == 3712 and n["embedding"] == V * E and n["decoder_layers"] == L * layer
+    assert n["cross_attention"] == (L // 4) * (4 * E * E + E) and n["projections"] == 2 * 3584 * E
+    assert 1.4e9 < n["backbone"] < 1.5e9  # the paper's 1.4B: embedding + pruned decoder, no vision tower
+    abstract = nnx.eval_shape(lambda: Detector(c, rngs=nnx.Rngs(0)))
+    assert sharding.unannotated_params(nnx.state(abstract, nnx.Param)) == []
+
+
+def test_cross_attention_reads_the_policy_only_through_its_blocks(pruned):
+    det = pruned[0]
+    assert det.config.projects and det.image_proj.shape == (64, 32) and det.context_proj.shape == (64, 32)
+    rng = np.random.default_rng(0)
+    base = det.config.base
+    ids = np.full((2, 12), 5, np.int32)
+    ids[:, 1], ids[:, 6] = base.vision_start_token_id, base.vision_end_token_id
+    ids[:, 2:6] = base.image_token_id
+    cfg = dataclasses.replace(det.config, history_frames=0)
+    d = nnx.merge(nnx.graphdef(det), nnx.state(det))
+    d.config = cfg
+    mask = np.ones((2, 12), np.int32)
+    img = jnp.asarray(rng.normal(size=(8, 64)), jnp.float32)
+    ctx = lambda s: jnp.asarray(np.random.default_rng(s).normal(size=(2, 7, 64)), jnp.float32)
+    cm = jnp.ones((2, 7), bool)
+    # Zero-initialised output projections: at initialisation the policy's states change nothing.
+    run = lambda s: np.asarray(d(ids, mask, img, ctx(s), cm))
+    np.testing.assert_array_equal(run(1), run(2))
+    d.cross.o.set_value(jnp.asarray(rng.normal(size=d.cross.o.shape) * 0.1, jnp.float32))
+    assert not np.allclose(run(1), run(2))
+    ablation = dataclasses.replace(cfg, cross_attention_every=0)
+    assert not hasattr(nnx.eval_shape(lambda: Detector(ablation, rngs=nnx.Rngs(0))), "cross")
+    full, none = parameter_count(cfg), parameter_count(ablation)
+    assert full["total"] - none["total"] == full["cross_attention"] + 64 * 32  # and its context projection
+
+
+def test_a_mismatched_policy_is_one_line_naming_both(pruned):
+    other = policy_tiny(base=tiny_base(intermediate_size=96), history_frames=1)
+    with pytest.raises(ValueError) as e:
+        pruned[0].config.check_policy(other)
+    msg = str(e.value)
+    assert "\n" not in msg and "hidden width 32" in msg and "hidden width 64" in msg and "out=32" in msg
+
+
+def _step(eid, i, instruction="dig", subtask="", completed=0, kind="demo"):
+    return data_lib.Step(100 + i, eid, i, "mine_dirt", kind, instruction, subtask, completed, 0)
+
+
+def test_labels_from_subtask_boundaries_and_the_privileged_check():
+    names = ["aim", "aim", "dig", "dig", "dig", "done"]
+    steps = [_step("e", i, subtask=s, completed=int(i == 5)) for i, s in enumerate(names)]
+    units = data_lib.episode_units(steps, post_window=2)
+    assert [(u.instruction, u.negatives, u.positives) for u in units] == [
+        ("dig", (0, 1, 2, 3, 4), (5,)), ("dig; subtask: aim", (0, 1), (2, 3)),
+        ("dig; subtask: dig", (2, 3, 4), (5,))]
+    failed = [_step("f", i, kind="eval") for i in range(6)]  # a policy episode that never completes
+    assert [(u.negatives, u.positives) for u in data_lib.episode_units(failed)] == [(tuple(range(6)), ())]
+    qs = data_lib.sample_queries({"e": steps, "f": failed}, (8, 4, 0), per_unit=2, post_window=2)
+    counts = data_lib.label_counts(qs)
+    assert counts["positives"] == counts["negatives"] == 4
+    q = next(q for q in qs if q.episode_id == "e" and q.step == 5)
+    assert q.frames == (100, 101, 105)  # offset 8 clamps to step 0; offset 4 is step 1
+
+
+def test_threshold_and_binary_metrics_by_hand():
+    prob, y = np.array([0.1, 0.4, 0.35, 0.8, 0.7, 0.2]), np.array([0, 0, 1, 1, 1, 0])
+    m = binary_metrics(prob, y, 0.5)
+    assert (m["tp"], m["fp"], m["fn"], m["tn"]) == (2, 0, 1, 3)
+    assert m["precision"] == 1.0 and m["recall"] == 2 / 3 and m["fnr"] == 1 / 3 and m["fpr"] == 0.0
+    # Midpoint 0.275 (between 0.2 and 0.35): tp 3, fp 1 -> F1 6/7, over 0.8 at 0.5 and 2/3 at 0.375.
+    assert calibrate_threshold(prob, y) == pytest.approx(0.275)
+
+
+def _episodes(directory, n):
+    """Episodes in the real format: dark frames until the last, which is bright (the completion)."""
+    eps = []
+    for e in range(n):
+        eps.append([R.StepRecord(episode_id=f"ep{e}", step=i, task_id="mine_dirt", kind="demo",
+                                 instruction="dig the ground", subtask="dig" if i < 5 else "done",
+                                 frame=R.encode_frame(np.full((56, 56, 3), 200 if i == 5 else 20 + e,
+                                                              np.uint8)),
+                                 action={"camera": [0.0, 0.0]}, is_gui_open=False, completed=int(i == 5))
+                    for i in range(6)])
+    R.write_episodes(directory, eps)
+
+
+def test_trains_through_the_shared_loop_with_the_policy_frozen(pruned, tmp_path):
+    det_cfg = pruned[0].config
+    _episodes(tmp_path / "train", 3)
+    cfg = detector_configs.get_config("tiny").train
+    cfg.num_train_steps, cfg.eval_every, cfg.checkpoint_every, cfg.progress_bar = 3, 0, 3, False
+    cfg.async_checkpoint, cfg.data.batch_size, cfg.data.train_dirs = False, 4, str(tmp_path / "train")
+    cfg.optimizer.warmup_steps = 1
+    spec = RunSpec.from_config(cfg, str(tmp_path / "run"))
+    stage = detector_stage(spec, det_cfg, POLICY, detector_dir=pruned[2])
+    before = stage.pretrained(None, None)
+    history = train(spec, stage)
+    assert np.isfinite(history[3]["loss"]) and history[3]["data/good_samples"] == 12
+    after = load_trained(spec, stage)
+    frozen = lambda m: jax.tree.leaves(nnx.state(m.policy, Frozen))
+    for a, b in zip(frozen(before), frozen(after), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(before.detector.head[...]), np.asarray(after.detector.head[...]))
+    assert {path[0] for path, _ in nnx.to_flat_state(nnx.state(after, nnx.Param))} == {"detector"}
+
+
+def test_signal_on_two_consecutive_queries_or_the_budget(coupled):
+    assert first_signal([0.9, 0.2, 0.8, 0.7, 0.9], 0.6) == 3
+    assert first_signal([0.9, 0.2, 0.9], 0.6) is None
+    assert first_signal([0.7], 0.6, consecutive=1) == 0
+    inputs = QueryInputs(coupled.config, POLICY)
+    assert inputs.slots == frame_slots(coupled.config, POLICY.num_frames)
+    frames = [np.full((56, 56, 3), 10 * i, np.uint8) for i in range(8)]
+    fire = CompletionMonitor(coupled, inputs, MonitorOptions(threshold=0.0, every=2))
+    fire.reset("dig the ground")
+    out = [fire.observe(f) for f in frames]
+    assert [m.step for m in out if m.probability is not None][:2] == [1, 3]
+    assert out[3].stop and out[3].reason == "detector" and not out[2].stop and len(fire.curve) == 2
+    never = CompletionMonitor(coupled, inputs, MonitorOptions(threshold=1.01, every=2, budget=6))
+    never.reset("dig the ground")
+    out = [never.observe(f) for f in frames]
+    assert out[5].stop and out[5].reason == "budget" and not any(m.stop for m in out[:5])
+    # The monitor's probability is the batch path's on the same frames.
+    p = fire.curve[0][1]
+    batch = {k: jnp.asarray(v)[None] for k, v in inputs([frames[max(1 - o, 0)] for o in inputs.slots[0]],
+                                                         "dig the ground", 0).items()}
+    ref = jax.nn.softmax(coupled.logits(batch), -1)[0, 1]
+    assert p == pytest.approx(float(ref), abs=1e-5)
