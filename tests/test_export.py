@@ -169,7 +169,6 @@ def test_tokenizer_round_trip_keeps_every_action_token_id(exported, loaded):
 def test_decode_port_matches_ours(exported, loaded):
     mod = _actor_module(exported)
     table = json.load(open(os.path.join(exported, action_tables.ACTIONS_FILE)))
-    table["_by_model_id"] = {t["model_id"]: t for t in table["tokens"]}
     vocab = loaded.config.vocab
     rng = np.random.default_rng(3)
     keys = [k for k in table["env_keys"] if k != "camera"]

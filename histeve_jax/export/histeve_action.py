@@ -87,8 +87,9 @@ class ActionGrammarProcessor(LogitsProcessor):
 
 
 def decode_action(table: Mapping[str, Any], ids: Sequence[int]) -> tuple[dict[str, Any], int]:
-    """One action's model token ids (``TYPE ... END``) -> (env-format action, regime), else ValueError."""
-    by_id = table["_by_model_id"]
+    """One action's model token ids (``TYPE ... END``) -> (env-format action, regime), else ValueError.
+    ``table``: the loaded ``histeve_actions.json``."""
+    by_id = table.get("_by_model_id") or {t["model_id"]: t for t in table["tokens"]}
     ids = [int(i) for i in ids]
     entries = [by_id.get(i) for i in ids]
     if len(ids) < 2 or entries[0] is None or entries[0]["kind"] != "type":
