@@ -142,7 +142,7 @@ class HarnessAgent:
         self.current = subtask
         self.memory.working.current = subtask.label
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
-        self.last_camera = None
+        self.last_action = None
         self.before = self.memory.working.snapshot()
         self.monitor = ChangeMonitor(self.spec.visual_jump)
         self.monitor.push(obs["image"], info)
@@ -183,7 +183,7 @@ class HarnessAgent:
         self.over = self.over + 1 if p > self.spec.threshold else 0
         if self.over >= self.spec.consecutive:
             return "detector"
-        if self.monitor.push(obs["image"], info, self.last_camera):
+        if self.monitor.push(obs["image"], info, self.last_action):
             return "visual_change"
         if self.inv_steps >= self.current.budget:
             return "budget"
@@ -212,7 +212,7 @@ class HarnessAgent:
                 continue
             self.inv_steps += 1
             self.t += 1
-            self.last_camera = decision.action.get("camera")
+            self.last_action = decision.action
             if len(self.series["completion"]) < self.t:
                 self.series["completion"].append(None)
             return decision

@@ -10,6 +10,7 @@ training window layout.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -85,8 +86,11 @@ class ExpertExecutor:
     def start(self, subtask: Subtask, obs: dict, info: dict) -> None:
         if subtask.name not in EXPERT_MAKERS:
             raise KeyError(f"no expert for subtask {subtask.name!r}; experts cover {sorted(EXPERT_MAKERS)}")
-        self._expert = EXPERT_MAKERS[subtask.name](load_task(subtask.task), subtask, info)
-        self._expert.reset(info)
+        expert = EXPERT_MAKERS[subtask.name](load_task(subtask.task), subtask, info)
+        expert.reset(info)
+        if info.get("is_gui_open"):  # a GUI left open by an invocation that gave up: close it first
+            expert._gen = itertools.chain(expert.close_inventory(), expert._gen)
+        self._expert = expert
         self._label = subtask.label
 
     def act(self, obs: dict, info: dict) -> Decision:

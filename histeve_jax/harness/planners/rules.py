@@ -173,8 +173,12 @@ class RulesPlanner:
         if step is None:
             if place:
                 item, n = next(iter(place.items()))
-                return ("build_wall" if n >= 3 and "build_wall" in ctx.admissible else "place_dirt"
-                        if item == "default:dirt" else ""), {}
+                placed = int((info.get("place_block") or {}).get(item, 0))
+                if item != "default:dirt":
+                    raise ValueError(f"no rule places {item}")
+                if placed == 0 and n >= 3 and "build_wall" in ctx.admissible:
+                    return "build_wall", {}
+                return "place_dirt", {"count": placed + 1}  # placement counters are cumulative
             raise ValueError(f"no rule produces what is missing: {hold}")
         item, rule, total = step
         schema = ctx.schemas.get(rule.subtask) or ctx.admissible.get(rule.subtask)
