@@ -90,6 +90,52 @@ def test_vpt_actions_follow_vpt_data_loader(tmp_path):
     assert np.abs(gui_frame[50:, 80:].astype(int) - plain[50:, 80:]).max() <= 2  # nothing else changed
 
 
+def _minestudio_json_to_action(module: str, integer_camera: bool):
+    """MineStudio's own ``json_action_to_env_action`` from ``module`` (a file under its package), compiled out
+    of its source with the module's tables: the data tools import cv2 and lightning, absent here."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(importlib.util.find_spec("minestudio").submodule_search_locations[0]) / module
+    src = path.read_text()
+    tree = ast.parse(src)
+    fn_node = next(n for n in tree.body
+                   if isinstance(n, ast.FunctionDef) and n.name == "json_action_to_env_action")
+    tables = [n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") in
+              ("KEYBOARD_BUTTON_MAPPING", "NOOP_ACTION", "CAMERA_SCALER")]
+    fn_src = ast.get_source_segment(src, fn_node)
+    # The two families differ exactly here: the array the degrees are written into.
+    assert ("np.array([0, 0])" if integer_camera else "np.array([0., 0.])") in fn_src
+    code = "import numpy as np\n" + "\n".join(ast.get_source_segment(src, n) for n in tables) + "\n" + fn_src
+    scope: dict = {}
+    exec(compile(code, str(path), "exec"), scope)
+    fn = scope["json_action_to_env_action"]
+
+    def camera(line):
+        out = fn(line)  # (action, is_null) in the data tools, the action alone in vpt_lib
+        return (out[0] if isinstance(out, tuple) else out)["camera"]
+
+    return camera
+
+
+def test_vpt_camera_keeps_float_degrees_where_minestudios_idm_translator_truncates():
+    """A deliberate deviation: our converter keeps camera = [dy, dx] * 0.15 as floats, as MineStudio's data
+    tools do (process_action_openai.py); its IDM/VPT-lib translators write the degrees into an integer
+    array, which truncates them toward zero (a 1-pixel move becomes 0 degrees)."""
+    lines = [_line(dx=1, dy=0), _line(dx=7, dy=-3), _line(dx=-13, dy=20), _line(keys=["w"], dx=0.5, dy=-0.25)]
+    ours = np.asarray([vpt.json_action_to_env_action(line)[0]["camera"] for line in lines])
+    data_tools = _minestudio_json_to_action("data/minecraft/tools/process_action_openai.py", False)
+    truncating = [_minestudio_json_to_action(m, True) for m in (
+        "utils/vpt_lib/action_translator.py", "data/minecraft/tools/idm_lib/run_inverse_dynamics_model.py")]
+    np.testing.assert_array_equal(ours, [data_tools(line) for line in lines])
+    for translate in truncating:
+        theirs = np.asarray([translate(line) for line in lines])
+        np.testing.assert_array_equal(theirs, np.trunc(ours))  # the recorded deviation, element by element
+    np.testing.assert_allclose(ours[:3], [[0.0, 0.15], [-0.45, 1.05], [3.0, -1.95]])
+    assert (np.trunc(ours[:3]) == [[0, 0], [0, 1], [3, -1]]).all()
+
+
 def test_vpt_resize_is_width_by_height_and_scales_the_cursor(tmp_path):
     src = tmp_path / "vpt"
     src.mkdir()

@@ -3,7 +3,10 @@
 The json-to-action rules follow VPT's ``data_loader.py`` / ``run_inverse_dynamics_model.py`` (as MineStudio
 ships them in ``minestudio/data/minecraft/tools/``):
 - keys through ``KEYBOARD_BUTTON_MAPPING``; mouse buttons 0/1/2 are attack/use/pickItem;
-- camera = ``[dy, dx] * CAMERA_SCALER`` degrees (0.15 degrees per recorded pixel);
+- camera = ``[dy, dx] * CAMERA_SCALER`` degrees (0.15 degrees per recorded pixel), kept as floats as
+  MineStudio's data tools (``process_action_openai.py``) keep them; its ``vpt_lib`` and IDM translators
+  write them into an integer array, truncating toward zero (a 1-pixel move is 0 degrees there): a
+  deliberate deviation, recorded in ``tests/test_converters.py``;
 - the attack-stuck fix: if the first step reports ``newButtons == [0]`` attack is held from the start of the
   recording, and it is ignored until the player presses attack again;
 - a hotbar change (scroll wheel, not recorded as a key) sets the ``hotbar.N`` key of the new slot;
