@@ -94,6 +94,9 @@ def step_record(task: Task, episode_id: str, step: int, obs: dict, info: dict, d
     metadata: dict[str, Any] = {
         "backend": backend, "seed": seed, "pos": [float(v) for v in info["pos"]],
         "yaw": float(info["yaw"]), "pitch": float(info["pitch"]), "inventory": dict(info["inventory"]),
+        # RL's score reads these (rl.scoring): the death penalty, and a craft's ingredients in the grid
+        "health": float(info.get("health", 20.0)),
+        "craft_grid": sum(s["type"] != "air" for s in info.get("craft_grid") or ()),
     }
     if decision.tokens is not None:
         metadata["action_tokens"] = [int(t) for t in decision.tokens]

@@ -1,0 +1,130 @@
+"""The learner's grain source over a growing set of group shards: new shards picked up as they appear, an
+exact iterator state, DPO pairs from the first divergence, the staleness bound, bad shards skipped and
+counted, and RL samples whose targets are the sampled tokens with the recorded log-probs."""
+
+import dataclasses
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from histeve_jax.data import pipeline
+from histeve_jax.data.records import encode_frame
+from histeve_jax.losses.rl import RLLossConfig
+from histeve_jax.rl.stream import DONE_FILE, FeaturizePlan, GroupStream
+from tests import rl_helpers
+
+LOSS = RLLossConfig(dpo_window=2)
+
+
+def _stream(d, **kw):
+    opts = dict(rl_rows=4, pair_units=1, history=1, stride=2, loss=LOSS, max_policy_lag=1000, poll_s=0.02,
+                timeout_s=30.0)
+    return GroupStream(str(d), **{**opts, **kw})
+
+
+def _sig(plan):
+    """What a plan holds: (episode, step) of every row, pair ids and sides."""
+    rows = [None if w is None else (w["record"]["metadata"]["group_id"], w["record"]["metadata"]["branch"],
+                                    hash(w["frames"][-1])) for w in plan["rl"] + plan["pair"]]
+    return rows, plan["pair_id"].tolist(), plan["chosen"].tolist(), plan["lag"]
+
+
+def test_new_shards_are_picked_up_and_a_restored_state_continues_exactly(tmp_path):
+    d = tmp_path / "rollouts"
+    rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 1, [True, False, False]), "000000-a")
+    (d / "group-000009-a-00000.array_record.tmp").write_bytes(b"half a group")  # a writer still busy
+    s = _stream(d)
+    first = [_sig(next(s)) for _ in range(3)]  # 3 x 6 steps / 4 rows = 5 plans in group 0
+    saved = s.get_state()
+
+    def late_writer():  # group 1 appears while the learner waits for it
+        time.sleep(0.3)
+        rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 2, [False, True]), "000001-a")
+
+    t = threading.Thread(target=late_writer)
+    t.start()
+    rest = [_sig(next(s)) for _ in range(5)]  # 2 more of group 0, then 3 of group 1 (12 steps / 4)
+    t.join()
+    (d / DONE_FILE).write_text("done")
+    with pytest.raises(StopIteration):
+        next(s)
+    assert s.get_state()["shards"] == [f"group-00000{i}-a-00000.array_record" for i in (0, 1)]
+    assert s.counts["groups"] == 2 and s.step == 8
+    # a new iterator from the saved state sees exactly the same continuation (group 1 now on disk)
+    again = _stream(d)
+    again.set_state(saved)
+    assert [_sig(next(again)) for _ in range(5)] == rest
+    # and an uninterrupted one the same whole sequence
+    whole = _stream(d)
+    assert [_sig(next(whole)) for _ in range(8)] == first + rest
+
+
+def test_pairs_are_a_success_and_a_failure_from_their_first_divergence(tmp_path):
+    d = tmp_path / "r"
+    eps = rl_helpers.group("mine_dirt", 3, [False, True, False], length=6, diverge=2)
+    rl_helpers.write_group(str(d), eps, "000000-a")
+    plans = [next(_stream(d, pair_units=2)) for _ in range(1)]
+    p = plans[0]
+    # two failures, each paired with the one success, each side the 2 steps from step 2
+    assert p["pair_id"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert p["chosen"].tolist() == [True, True, False, False] * 2
+    meta = [w["record"]["metadata"] for w in p["pair"]]
+    assert [m["branch"] for m in meta] == [1, 1, 0, 0, 1, 1, 2, 2]
+    steps = [[r.frame for r in eps[m["branch"]]].index(w["frames"][-1]) for m, w in
+             zip(meta, p["pair"], strict=True)]
+    assert steps == [2, 3, 2, 3, 2, 3, 2, 3]
+    # all failures or all successes: no pair (padding rows, pair id -1)
+    d2 = tmp_path / "r2"
+    rl_helpers.write_group(str(d2), rl_helpers.group("mine_dirt", 4, [False, False], length=3), "000000-a")
+    assert (next(_stream(d2))["pair_id"] == -1).all()
+
+
+def test_stale_groups_are_dropped_and_bad_shards_skipped_and_counted(tmp_path):
+    d = tmp_path / "r"
+    rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 1, [True, False], policy_step=0), "000000-a")
+    (d / "group-000001-a-00000.array_record").write_bytes(b"\x00not an array record" * 50)
+    rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 2, [True, False], policy_step=3), "000002-a")
+    (d / DONE_FILE).write_text("done")
+    s = _stream(d, max_policy_lag=1)
+    lags = []
+    with pytest.raises(StopIteration):
+        while True:
+            lags.append(next(s)["lag"])
+    # group 0 (weights of step 0): plans at lags 0, 1, then its third plan would lag 2 > 1: dropped;
+    # the bad shard is skipped; group 2 (step 3) is read at learner step 2: lags -1, 0, 1
+    assert lags == [0, 1, -1, 0, 1]
+    assert s.counts["stale_groups"] == 1 and s.counts["stale_plans"] == 1 and s.counts["bad_shards"] == 1
+    assert s.max_lag == 1 and s.counts["groups"] == 2
+
+
+def test_rl_samples_target_the_sampled_tokens_with_their_recorded_log_probs(tmp_path):
+    d = tmp_path / "r"
+    eps = rl_helpers.group("mine_dirt", 5, [True, False], length=4)
+    eps[0][1] = dataclasses.replace(eps[0][1], frame=b"not a jpeg")  # one bad frame: a padding row
+    rl_helpers.write_group(str(d), eps, "000000-a")
+    spec = pipeline.FeatureSpec(history=1, stride=2, max_len=80,
+                                compact_vocab=pipeline.CompactVocab(action_base=rl_helpers.TINY_ACTION_BASE))
+    plan = next(_stream(d, rl_rows=8, pair_units=0))
+    out = FeaturizePlan(spec).map(plan)
+    rl = out["rl"]
+    # the bad frame is the current frame of step 1 and a history frame (stride 2) of step 3 of branch 0
+    assert out["n_bad"] == 2 and out["rl_real"].sum() == 6
+    checked = 0
+    for i, w in enumerate(plan["rl"]):
+        if w is None or not out["rl_real"][i]:
+            assert rl["loss_mask"][i].sum() == 0
+            continue
+        m = w["record"]["metadata"]
+        pos = np.flatnonzero(rl["loss_mask"][i])
+        assert rl["targets"][i][pos].tolist() == m["action_tokens"]  # the sampled ids, END included
+        np.testing.assert_allclose(rl["behaviour_logp"][i][pos], m["action_logprobs"], rtol=1e-6)
+        assert rl["behaviour_logp"][i].sum() == pytest.approx(sum(m["action_logprobs"]), rel=1e-5)
+        assert float(rl["advantage"][i]) == pytest.approx(m["advantage"])
+        assert rl["regime"][i] == int(w["record"]["is_gui_open"])
+        checked += 1
+    assert checked == 6
+    assert encode_frame(np.zeros((56, 56, 3), np.uint8))  # the helper's frames are real JPEGs
+    assert os.path.basename(str(d))
