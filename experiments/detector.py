@@ -112,7 +112,9 @@ def pruned_detector(cfg: Any, template: Any, workdir: str) -> tuple[str, Any]:
 
 def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log: Any = print) -> dict:
     """Split, prune, train, calibrate on validation, score the test split; returns the report."""
+    from histeve_jax.data import pipeline
     from histeve_jax.detector import data as data_lib
+    from histeve_jax.detector.inputs import QueryInputs
     from histeve_jax.detector.loss import binary_metrics, calibrate_threshold
     from histeve_jax.detector.model import parameter_count
     from histeve_jax.detector.predict import load_trained, predict
@@ -140,8 +142,12 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     history = train(spec, stage)
     module = load_trained(spec, stage)
     scores = {}
+    one_pass = pipeline.LoaderOptions(batch_size=1, shuffle=False, num_epochs=1, shard_index=0, shard_count=1)
     for name, s in (("val", splits[1]), ("test", splits[2])):
-        scores[name] = predict(module, stage.make_iterator([s], spec.data, train=False))
+        # One query per batch: every query scored (a batch iterator drops a last partial batch).
+        shards, qs = queries_of([s], det_config, policy_config, options)
+        inputs = QueryInputs(det_config, policy_config, spec.data.tokenizer_path or None)
+        scores[name] = predict(module, data_lib.make_batches(shards, qs, inputs, one_pass))
     threshold = calibrate_threshold(*scores["val"])
     report = {"cross_attention_every": det_config.cross_attention_every, "threshold": threshold,
               "validation": binary_metrics(*scores["val"], threshold),
@@ -185,7 +191,7 @@ def plan(cfg: Any) -> dict:
 
 def param_line(c: dict) -> str:
     """The parameter count and what it counts."""
-    b = lambda k: f"{c[k] / 1e9:.3f}B"
+    b = lambda k: f"{c[k] / 1e9:.3f}B" if c["total"] > 1e8 else f"{c[k] / 1e3:.1f}K"
     return (f"detector parameters (nnx.eval_shape): backbone {b('backbone')} (embedding {b('embedding')} + "
             f"decoder layers with pruned FFN {b('decoder_layers')}; no vision tower: it is the policy's) "
             f"+ cross-attention {b('cross_attention')} + projections {b('projections')} + head "

@@ -1,0 +1,137 @@
+"""The completion detector on a balanced atomic-subtask completion set from held-out Luanti episodes.
+
+    python -m experiments.benchmarks.detector --config.detector.records=/tmp/det_rec/records
+
+Trains the tiny detector (``experiments.detector.run``) with and without the cross-attention to the policy
+(the ablation), calibrates each threshold on the validation episodes and scores the test episodes:
+accuracy, precision, recall, F1, false positive and false negative rates. A prompted VLM is scored on the
+same queries when an OpenAI-compatible endpoint is configured (``--config.vlm.*``, or $OPENAI_BASE_URL
+and $OPENAI_API_KEY), and skipped, saying so, when none is. Then the detector replays each held-out
+episode in the loop (``detector.monitor``: a query every k steps, two consecutive over threshold) and
+counts invocations that end before the privileged check holds. Prints the 3B detector's parameter count
+by abstract evaluation. Last line: ``accuracy=<a> f1=<f> fpr=<p> fnr=<n> f1_no_xattn=<g>``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from absl import app, flags
+
+from experiments.config_cli import define_config
+
+_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+
+
+def _row(name: str, m: dict) -> str:
+    return (f"{name:28s} n={int(m['n']):4d} accuracy={m['accuracy']:.3f} precision={m['precision']:.3f} "
+            f"recall={m['recall']:.3f} f1={m['f1']:.3f} fpr={m['fpr']:.3f} fnr={m['fnr']:.3f}")
+
+
+def vlm_scores(cfg: Any, test_dir: str, det_config: Any, policy_config: Any) -> dict | None:
+    """The prompted VLM's metrics on the test queries, or None (and why) when no endpoint is configured."""
+    from histeve_jax.data import records as R
+    from histeve_jax.detector.loss import binary_metrics
+    from histeve_jax.detector.stage import QueryOptions, queries_of
+    from histeve_jax.detector.vlm_baseline import PromptedVLM
+    from histeve_jax.eval.suites.vlm_judge import JudgeSpec
+
+    spec = JudgeSpec(base_url=cfg.vlm.base_url, model=cfg.vlm.model, api_key=cfg.vlm.api_key)
+    if spec.missing():
+        print("prompted VLM baseline: skipped (no OpenAI-compatible endpoint configured: set "
+              "--config.vlm.api_key or $OPENAI_API_KEY, and --config.vlm.base_url or $OPENAI_BASE_URL)")
+        return None
+    import numpy as np
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    d = cfg.detector
+    shards, queries = queries_of([test_dir], det_config, policy_config,
+                                 QueryOptions(d.per_unit, d.post_window, d.subtasks, cfg.train.data.seed))
+    source = ArrayRecordDataSource(shards.paths)
+    vlm, probs, labels, unusable = PromptedVLM(spec), [], [], 0
+    for q in queries:
+        frames = [R.deserialize(source[j]).frame for j in q.frames]
+        p = vlm(frames, q.instruction)
+        unusable += p is None
+        probs.append(0.0 if p is None else p)
+        labels.append(q.label)
+    print(f"prompted VLM {spec.resolved().model} at {spec.resolved().base_url or 'the OpenAI API'}: "
+          f"{unusable} answers neither yes nor no (counted as no)")
+    return binary_metrics(np.asarray(probs), np.asarray(labels), 0.5)
+
+
+def premature_stops(cfg: Any, report: dict, test_dir: str) -> tuple[int, int]:
+    """(test episodes whose detector-ended invocation stops before the privileged check holds, episodes):
+    each completed test episode replayed frame by frame through ``CompletionMonitor`` on its task."""
+    from experiments.detector import policy_of, run_spec
+    from histeve_jax.data import records as R
+    from histeve_jax.detector.inputs import QueryInputs
+    from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
+    from histeve_jax.detector.predict import load_trained
+    from histeve_jax.detector.prune import read_config
+    from histeve_jax.detector.stage import detector_stage
+
+    policy_config, load_policy, _ = policy_of(cfg)
+    det_config = read_config(report["pruned_dir"])
+    spec = run_spec(cfg, report["run_dir"])
+    module = load_trained(spec, detector_stage(spec, det_config, policy_config, load_policy=load_policy))
+    opts = MonitorOptions(threshold=report["threshold"], every=cfg.detector.monitor_every,
+                          consecutive=cfg.detector.consecutive)
+    monitor = CompletionMonitor(module, QueryInputs(det_config, policy_config), opts)
+    episodes: dict[str, list] = {}
+    for path in R.shard_paths(test_dir):
+        for r in R.read_shard(path):
+            episodes.setdefault(r.episode_id, []).append(r)
+    early = total = 0
+    for recs in episodes.values():
+        done = [r.step for r in recs if r.completed == 1]
+        if not done:
+            continue
+        total += 1
+        monitor.reset(recs[0].instruction)
+        for r in recs:
+            m = monitor.observe(R.decode_frame(r.frame))
+            if m.stop:
+                early += m.step < done[0]
+                break
+    return early, total
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from experiments.detector import param_line, policy_of, run, template_of
+    from histeve_jax.detector.config import qwen3b_config
+    from histeve_jax.detector.model import parameter_count
+
+    cfg = flags.FLAGS.config
+    workdir = _WORKDIR.value
+    print("3B " + param_line(parameter_count(qwen3b_config())) + " (paper: 1.4B)")
+    full = run(cfg, workdir, log=print)
+    ablation = run(cfg, workdir, cross_attention_every=0, log=print)
+    print(f"queries: {full['queries']}")
+    print(f"thresholds (validation, best F1): with cross-attention {full['threshold']:.3f}, "
+          f"without {ablation['threshold']:.3f}")
+    print(_row("detector", full["test"]))
+    print(_row("detector, no cross-attention", ablation["test"]))
+    test_dir = os.path.join(workdir, "data", "test")
+    policy_config, _, stride = policy_of(cfg)
+    det = template_of(cfg, policy_config).replace(policy_stride=stride)
+    vlm = vlm_scores(cfg, test_dir, det, policy_config)
+    if vlm is not None:
+        print(_row("prompted VLM", vlm))
+    early, total = premature_stops(cfg, full, test_dir)
+    print(f"in the loop (held-out episodes replayed, a query every {cfg.detector.monitor_every} steps, "
+          f"{cfg.detector.consecutive} consecutive over threshold): {early} of {total} invocations end "
+          f"before "
+          f"the privileged check holds ({early / max(total, 1):.0%}; goal <= 5%)")
+    m = full["test"]
+    print(f"accuracy={m['accuracy']:.3f} f1={m['f1']:.3f} fpr={m['fpr']:.3f} fnr={m['fnr']:.3f} "
+          f"f1_no_xattn={ablation['test']['f1']:.3f}")
+
+
+if __name__ == "__main__":
+    define_config(os.path.join(_CONFIGS, "detector.py"), "Detector config.")
+    _WORKDIR = flags.DEFINE_string("workdir", "/tmp/histeve_runs/detector_benchmark", "Output directory.")
+    app.run(main)
