@@ -25,10 +25,26 @@ from typing import Any
 import jax
 import numpy as np
 
+from histeve_jax.data.pipeline import load_tokenizer_with_actions
 from histeve_jax.eval.report import action_text
 from histeve_jax.eval.rollout import Decision
-from histeve_jax.policy import ActionSampler, Policy, observation_inputs, policy_processor
+from histeve_jax.parallel import axes
+from histeve_jax.parallel import mesh as mesh_lib
+from histeve_jax.policy import (
+    ActionSampler,
+    Policy,
+    decode_actions,
+    observation_inputs,
+    policy_processor,
+    regime_array,
+)
 from histeve_jax.policy.observations import Observation
+from histeve_jax.policy.sampling import SampledAction
+from histeve_jax.train import optimizer as optimizer_lib
+from histeve_jax.train import setup
+from histeve_jax.train import state as state_lib
+from histeve_jax.train.checkpoint import Checkpointer
+from histeve_jax.train.specs import RunSpec
 
 PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this many tokens
 
@@ -67,10 +83,9 @@ class LoadedPolicy:
         return {"input_ids": ids, "attention_mask": mask, "pixel_values": pv}
 
     def sample(self, observations: Sequence[Observation], regimes: Sequence[Any], rng: jax.Array, *,
-               temperature: float = 1.0, greedy: bool = False, batch: int | None = None) -> list[Any]:
-        from histeve_jax.policy import decode_actions, regime_array
-        from histeve_jax.policy.sampling import SampledAction
-
+               temperature: float = 1.0, greedy: bool = False,
+               batch: int | None = None) -> list[SampledAction]:
+        """One ``SampledAction`` per observation; ``batch`` pads the rows to a fixed count (one shape)."""
         n = len(observations)
         inputs = self.inputs(observations, batch)
         reg = regime_array(regimes)
@@ -99,32 +114,19 @@ def _run_config(workdir: str) -> Any:
 
 def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
     """The policy of a run's workdir at its latest checkpoint (or ``step``), ready to act."""
-    import optax
-
-    from histeve_jax.data.pipeline import load_tokenizer_with_actions
-    from histeve_jax.train import setup
-    from histeve_jax.train import state as state_lib
-    from histeve_jax.train.checkpoint import Checkpointer
-    from histeve_jax.train.specs import RunSpec
-
     spec = RunSpec.from_config(_run_config(workdir), workdir)
     stage = setup.policy_stage(spec)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if not os.path.isdir(ckpt_dir):
         raise FileNotFoundError(f"{workdir}: no checkpoint (no {ckpt_dir})")
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
-    from histeve_jax.parallel import axes
-
-    rules = axes.RULES
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), mesh_lib.AXES)
     with Checkpointer(ckpt_dir, async_save=False) as ck:
         step = ck.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"{workdir}: no checkpoint under {ckpt_dir}")
-        # The optimizer state is restored as saved and dropped: only the parameters act.
-        from histeve_jax.train import optimizer as optimizer_lib
-
+        # The whole train state is the checkpoint's tree; its optimizer moments are read and dropped.
         tx, _ = optimizer_lib.make_optimizer(spec.optimizer)
-        abstract, _ = state_lib.abstract_train_state(stage.init_model, tx, mesh, rules)
+        abstract, _ = state_lib.abstract_train_state(stage.init_model, tx, mesh, axes.RULES)
         try:
             state, _, _ = ck.restore(abstract, step=step)
         except FileNotFoundError as e:
@@ -132,7 +134,6 @@ def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{workdir}: checkpoint step {step} does not match the run's config.json "
                              f"(the policy it describes): {str(e).splitlines()[0][:300]}") from e
-    del optax
     policy = state.model()
     tok, _ = load_tokenizer_with_actions(stage.features)
     cv = stage.features.compact_vocab
