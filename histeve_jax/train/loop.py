@@ -5,7 +5,8 @@ latest checkpoint of the workdir if there is one (parameters, optimizer, step an
 the run continues exactly), or else starts from ``init_from`` (the previous stage's workdir) or the
 initial weights, and trains. Metrics go to TensorBoard and the console (clu), progress to a tqdm bar;
 every ``eval_every`` steps the held-out split is evaluated (loss, per-token-group accuracy); checkpoints
-are asynchronous, the last N kept. SIGTERM saves and stops (``Preemption``).
+are asynchronous, the last N kept. SIGTERM saves and stops (``Preemption``); so does a batch source that
+ends (``StopIteration``: RL's stream once its actors are done).
 """
 
 from __future__ import annotations
@@ -162,7 +163,14 @@ def train(spec: RunSpec, stage: Stage | None = None) -> dict[int, dict[str, floa
     t_last, step_last = time.perf_counter(), start
     try:
         for step in range(start + 1, total + 1):
-            batch = _device_batch(next(train_it), keys, batch_sharding, gbs)
+            try:
+                host_batch = next(train_it)
+            except StopIteration:  # a finite source (RL's stream once its actors are done): keep what trained
+                logging.info("the data ended before step %d: saving step %d and stopping", step, step - 1)
+                if step - 1 > start and (step - 1) % loop.checkpoint_every:
+                    ckpt.save(step - 1, state, data_iter_state=train_it.get_state(), config=spec.config)
+                break
+            batch = _device_batch(host_batch, keys, batch_sharding, gbs)
             state, metrics = train_step(state, batch, rng)
             if bar is not None:
                 bar.update(1)

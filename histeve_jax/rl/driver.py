@@ -1,0 +1,168 @@
+"""Stage 3 end to end on one machine: the learner in its own process, the actors (a Ray fleet of games and a
+batching ``RLPolicyServer``) in this one, the evaluation before and after on the same held-out seeds.
+
+``learner_config`` derives the learner's train config from the start run's ``config.json`` (the same policy
+shape, so its params initialise the learner and are the frozen reference) with RL's overrides;
+``run_learner`` is the learner process (``train.loop.train`` with ``learner.rl_stage``); ``weakest_task``
+picks the task; ``run_rl`` does the rest and returns the summary the entry point prints.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from histeve_jax.rl.spec import RLSpec
+from histeve_jax.rl.stream import DONE_FILE, STATUS_FILE
+
+
+def learner_config(start_run: str, overrides: Mapping[str, Any], rl: RLSpec, workdir: str) -> Any:
+    """The learner's train config: the start run's, with init_from=start, RL's batch and loop fields."""
+    path = os.path.join(start_run, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{start_run}: no config.json (not a run's workdir)")
+    with open(path) as f:
+        d = json.load(f)
+    d.pop("eval", None)
+    o = dict(overrides)
+    d.update(stage="rl", workdir=workdir, init_from=start_run, eval_every=0, progress_bar=False,
+             stop_at_step=o.pop("stop_at_step", -1), num_train_steps=o.pop("num_train_steps"),
+             checkpoint_every=o.pop("checkpoint_every"), keep_checkpoints=o.pop("keep_checkpoints"),
+             log_every=o.pop("log_every"), microbatches=o.pop("microbatches", 1))
+    d["data"].update(train_dirs=rl.rollout_dir, eval_dirs="", batch_size=rl.batch_size)
+    d["optimizer"].update(learning_rate=o.pop("learning_rate"), warmup_steps=o.pop("warmup_steps"),
+                          total_steps=d["num_train_steps"])
+    if o:
+        raise ValueError(f"config.learner: unknown field(s) {sorted(o)}")
+    return ml_collections.ConfigDict(d)
+
+
+def run_learner(config_json: str, rl: RLSpec) -> None:
+    """The learner process: the shared train loop with the RL stage until the stream ends."""
+    from absl import logging
+
+    from histeve_jax.rl.learner import rl_stage
+    from histeve_jax.train.loop import train
+    from histeve_jax.train.specs import RunSpec
+
+    spec = RunSpec.from_config(ml_collections.ConfigDict(json.loads(config_json)))
+    try:
+        train(spec, rl_stage(spec, rl))
+    except StopIteration:  # the actors are done and every group was read: the last checkpoint is final
+        logging.info("rl learner: the stream ended")
+
+
+def weakest_task(summary: Mapping[str, Any]) -> str:
+    """The atomic task (not long-horizon) with the lowest policy success rate in an evaluation summary."""
+    from histeve_jax.envs.tasks import load_task
+
+    rows = summary["results"]["policy"]
+    atomic = [t for t in summary["tasks"] if load_task(t).category != "long_horizon"]
+    if not atomic:
+        raise ValueError("the start run's evaluation has no atomic task")
+    return min(atomic, key=lambda t: rows[t]["success_rate"])  # ties: the first in the evaluation's order
+
+
+def _evaluate(c: Any, policy: str, task: str, out_dir: str) -> dict[str, Any]:
+    from histeve_jax.eval.evaluate import EvalSpec, evaluate
+
+    spec = EvalSpec(tasks=(task,), episodes=c.eval.episodes, seed=c.eval.seed, agents=("policy",),
+                    policy=policy, max_steps=c.eval.max_steps, instances=c.instances, out_dir=out_dir,
+                    temperature=c.eval.temperature, greedy=c.eval.greedy, progress_bar=False,
+                    env=dict(c.env), ray_address=c.ray_address)
+    return evaluate(spec)["results"]["policy"][task]
+
+
+def resolve(c: Any) -> tuple[RLSpec, str, str, Any]:
+    """(RLSpec with its paths filled in, the task, the learner's workdir, the learner's train config)."""
+    workdir = c.workdir
+    rl_fields = c.rl.to_dict()
+    rl_fields["rollout_dir"] = rl_fields["rollout_dir"] or os.path.join(workdir, "rollouts")
+    rl_fields["reference"] = rl_fields["reference"] or c.start_run
+    rl_fields["replay_dirs"] = rl_fields["replay_dirs"] or os.path.join(c.start_run, "data", "train")
+    rl = RLSpec.from_config(rl_fields)
+    task = c.task
+    if not task:
+        with open(os.path.join(c.start_run, "eval", "summary.json")) as f:
+            task = weakest_task(json.load(f))
+    learner_dir = os.path.join(workdir, "learner")
+    return rl, task, learner_dir, learner_config(c.start_run, c.learner.to_dict(), rl, learner_dir)
+
+
+def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any, deadline: float) -> dict:
+    """The actors until ``deadline`` (time.monotonic): a Ray fleet of ``c.instances`` games and one
+    ``RLPolicyServer`` following the learner; writes ``DONE`` when they stop. Returns the runner's summary."""
+    import ray
+
+    from histeve_jax.eval.fleet import Fleet
+    from histeve_jax.eval.policy_agent import PolicyAgentFactory
+    from histeve_jax.rl.actors import GroupRunner
+    from histeve_jax.rl.weights import RLPolicyServer
+
+    os.makedirs(rl.rollout_dir, exist_ok=True)
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 **({"address": c.ray_address} if c.ray_address else {"num_cpus": os.cpu_count()}))
+    try:
+        server = ray.remote(num_cpus=0)(RLPolicyServer).remote(
+            c.start_run, learner_dir, max_batch=c.instances, temperature=rl.temperature)
+        history, stride, _ = ray.get(server.layout.remote())
+        factory = PolicyAgentFactory(server, history, stride)
+        # PNG frames: the learner must see exactly what the actor saw (JPEG's loss alone moves the tiny
+        # policy's log-probs by ~0.05, so the ratio to the recorded ones would not start at 1).
+        with Fleet(c.instances, {"obs_size": tuple(image_size), **dict(c.env)}, max_attempts=1,
+                   run_kwargs={"kind": "rl", "frame_format": "png"}) as fleet:
+            runner = GroupRunner(fleet, server, factory, rl, task, seed=c.group_seed)
+            summary = runner.run(deadline=deadline)
+        ray.kill(server)
+    finally:
+        with open(os.path.join(rl.rollout_dir, DONE_FILE), "w") as f:
+            f.write("actors done\n")
+        ray.shutdown()
+    return summary
+
+
+def run_rl(c: Any) -> dict[str, Any]:
+    """Evaluate the start run on the task, train with RL for ``c.train_minutes``, evaluate the result."""
+    from histeve_jax.rl.weights import latest_step
+
+    rl, task, learner_dir, cfg = resolve(c)
+    os.makedirs(rl.rollout_dir, exist_ok=True)
+    if os.path.exists(os.path.join(rl.rollout_dir, DONE_FILE)):
+        os.remove(os.path.join(rl.rollout_dir, DONE_FILE))  # a rerun continues the stream
+
+    before = _evaluate(c, c.start_run, task, os.path.join(c.workdir, "eval_before"))
+    learner = multiprocessing.get_context("spawn").Process(
+        target=run_learner, args=(cfg.to_json_best_effort(), rl), name="rl-learner")
+    learner.start()
+    t0 = time.monotonic()
+    try:
+        actors = run_actors(c, rl, task, learner_dir, cfg.data.image_size, t0 + 60.0 * c.train_minutes)
+    finally:
+        learner.join(timeout=900)  # it drains the groups written, then saves its last step
+        if learner.is_alive():
+            learner.terminate()
+            learner.join(timeout=60)
+    step = latest_step(learner_dir)
+    status = _learner_status(rl.rollout_dir)
+    after = _evaluate(c, learner_dir, task, os.path.join(c.workdir, "eval_after")) if step else before
+    summary = {"task": task, "before": before, "after": after, "actors": actors, "learner_step": step,
+               "learner": status, "train_s": time.monotonic() - t0}
+    with open(os.path.join(c.workdir, "rl_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    return summary
+
+
+def _learner_status(rollout_dir: str) -> dict[str, Any]:
+    """The learner stream's last report (steps, groups read, stale/bad counts, the largest policy lag)."""
+    try:
+        with open(os.path.join(rollout_dir, STATUS_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,100 @@
+"""Ahead-of-time plan of the RL learner's step on a pod: the policy with its optimizer state, the frozen
+reference (params only, sharded like the policy) and the mixed batch, compiled from abstract shapes.
+
+Two programs run one after the other on the same chips every step, with the policy state, the reference
+params and the batch resident throughout: the reference's forward (``learner.Reference``) and the train
+step (``rl.loss.rl_loss`` through ``train.step``). The per-device peak is therefore the larger of
+``train step (arguments + outputs - aliased + temporaries) + reference params`` and
+``reference forward (arguments + temporaries) + policy state``. ``experiments/plan.py`` can call
+``rl_plan(config.train, rl, mesh, hbm_bytes)`` with the learner's train config (``driver.learner_config``
+of a start run, or a stage config with the RL batch size) and prints its figures; XLA:CPU's memory analysis
+is an estimate of XLA:TPU's, as for the imitation plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from histeve_jax.rl.spec import RLSpec
+
+
+def abstract_rl_batch(cfg: Any, rl: RLSpec, seq_len: int) -> dict[str, Any]:
+    """ShapeDtypeStructs of one global RL batch (``learner.RLBatches``' keys, image grid left on the host)."""
+    B, L, K = rl.batch_size, seq_len, min(cfg.max_targets, seq_len)
+    s = jax.ShapeDtypeStruct
+    return {
+        "input_ids": s((B, L), jnp.int32), "attention_mask": s((B, L), jnp.int32),
+        "targets": s((B, L), jnp.int32), "loss_mask": s((B, L), jnp.float32), "regime": s((B,), jnp.int32),
+        "pixel_values": s((B, cfg.num_frames * cfg.patches_per_image, cfg.base.vision.patch_dim),
+                          jnp.float32),
+        "behaviour_logp": s((B, L), jnp.float32), "advantage": s((B,), jnp.float32),
+        "rl_row": s((B,), jnp.bool_), "pair": s((B,), jnp.int32), "chosen": s((B,), jnp.bool_),
+        "replay_row": s((B,), jnp.bool_), "ref_logp": s((B, K), jnp.float32),
+    }
+
+
+def _total(mem: Any) -> float:
+    return float(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                 + mem.temp_size_in_bytes)
+
+
+def rl_plan(train_config: Any, rl: RLSpec, mesh: Any, hbm_bytes: float, *, scan_layers: bool = True,
+            verbose: bool = True) -> dict[str, float]:
+    """Compile the reference forward and the RL train step on ``mesh`` (abstract; nothing is allocated) and
+    return per-device bytes and ``hbm_fraction`` (the larger of the two programs' peaks, module docstring)."""
+    from histeve_jax.parallel import axes, sharding
+    from histeve_jax.rl.learner import RL_KEYS, rl_stage
+    from histeve_jax.rl.loss import reference_log_probs
+    from histeve_jax.train import optimizer, setup
+    from histeve_jax.train import state as state_lib
+    from histeve_jax.train import step as step_lib
+    from histeve_jax.train.specs import RunSpec
+
+    spec = RunSpec.from_config(train_config)
+    cfg = setup.policy_config(spec, named_base=True)
+    cfg = dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=scan_layers))
+    stage = rl_stage(spec, rl, cfg)
+    rules = axes.RULES
+    tx, schedule = optimizer.make_optimizer(spec.optimizer)
+    abstract, shardings = state_lib.abstract_train_state(stage.init_model, tx, mesh, rules)
+    batch = abstract_rl_batch(cfg, rl, spec.data.max_len)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    step_fn = step_lib.make_train_step(stage.loss_fn, tx, schedule=schedule,
+                                       microbatches=spec.loop.microbatches)
+    train = step_lib.jit_train_step(step_fn, shardings, mesh, rules).lower(abstract, batch, key).compile()
+
+    graphdef, rest = abstract.graphdef, abstract.rest
+    ref_keys = {k: v for k, v in batch.items() if k not in RL_KEYS}
+
+    def ref_fn(params: Any, b: dict[str, Any]) -> jax.Array:
+        with axes.activate(mesh, rules):
+            from flax import nnx
+
+            return reference_log_probs(nnx.merge(graphdef, params, rest), b, rl.temperature)
+
+    ref = jax.jit(ref_fn, in_shardings=(shardings.params, step_lib.batch_sharding(mesh, rules)),
+                  out_shardings=NamedSharding(mesh, PartitionSpec()))
+    ref = ref.lower(abstract.params, ref_keys).compile()
+    params_b = sharding.bytes_per_device(abstract.params)
+    opt_b = sharding.bytes_per_device(abstract.opt_state)
+    train_peak = _total(train.memory_analysis()) + params_b  # + the resident reference
+    rm = ref.memory_analysis()
+    # + the policy's state, resident while the reference runs
+    ref_peak = float(rm.argument_size_in_bytes + rm.temp_size_in_bytes) + params_b + opt_b
+    out = {"params_bytes": params_b, "opt_bytes": opt_b, "reference_bytes": params_b,
+           "train_step_bytes": _total(train.memory_analysis()), "train_temp_bytes":
+           float(train.memory_analysis().temp_size_in_bytes), "reference_forward_bytes":
+           float(rm.argument_size_in_bytes + rm.temp_size_in_bytes), "peak_bytes": max(train_peak, ref_peak)}
+    out["hbm_fraction"] = out["peak_bytes"] / hbm_bytes
+    if verbose:
+        gb = {k: f"{v / 1e9:.2f} GB" for k, v in out.items() if k.endswith("bytes")}
+        print(f"RL step on {dict(mesh.shape)}: batch {rl.batch_size} (GRPO {rl.rl_rows}, DPO {rl.pair_rows}, "
+              f"replay {rl.replay_rows}) x {spec.data.max_len}, microbatches {spec.loop.microbatches}; "
+              f"per device {gb}")
+        print(f"rl_hbm_fraction_v5p={out['hbm_fraction']:.3f}")
+    return out
