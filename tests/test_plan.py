@@ -1,0 +1,32 @@
+"""The ahead-of-time plan (experiments.plan) runs on its :tiny config: the imitation stage's tiny step lowers
+and compiles over 8 simulated devices and the program prints its figures, consistent with that config."""
+
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tiny_plan_compiles_the_imitation_step_on_8_devices_and_prints_its_figures():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # Cheaper LLVM passes: compiling is all the plan does. "scanned": the program's own FLOP count, without
+    # the two extra unrolled compiles (the smoke test is of the plan, not of the FLOP accounting).
+    env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0 "
+                        "--xla_llvm_disable_expensive_passes=true").strip()
+    cmd = [sys.executable, "-m", "experiments.plan", "--config=experiments/configs/plan.py:tiny",
+           "--config.flops_from=scanned"]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    assert out.splitlines()[0].startswith("mesh data=1 fsdp=8 tensor=1 (8 simulated devices)")
+    # imitation.py:tiny: batch 8 x max_len 80, one history frame + the current one, 56x56 -> 4 image tokens
+    assert "batch 8 x 80 tokens (2 frames x 4 image tokens, 56x56 px)" in out
+    assert "cost_analysis counts per device (probe: sharded/unsharded matmul FLOPs = 0.1250" in out
+    m = re.search(r"FLOPs per device: compiled (\S+) \(scanned\), analytic (\S+) .*; ratio (\S+)", out)
+    compiled, analytic, ratio = (float(x) for x in m.groups())
+    assert compiled > 0 and analytic > 0 and abs(ratio - compiled / analytic) < 1e-3
+    last = dict(kv.split("=") for kv in out.strip().splitlines()[-1].split())
+    assert set(last) == {"hbm_fraction_v5p", "flops_ratio"} and float(last["flops_ratio"]) == ratio
+    assert 0 <= float(last["hbm_fraction_v5p"]) < 0.6  # the config's hbm_budget
