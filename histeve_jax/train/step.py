@@ -3,7 +3,8 @@ optimizer update, with optional gradient accumulation over microbatches.
 
 ``make_train_step`` returns a pure function of pytrees, ``train_step(state, batch, rng) -> (state, metrics)``;
 ``jit_train_step`` wraps it with the state's shardings, the batch sharded over (data, fsdp), and the old state
-donated, so the update happens in place in device memory.
+donated, so the update happens in place in device memory. A step whose loss or gradient is not finite
+leaves the weights and the optimizer state unchanged and reports ``skipped_nonfinite`` = 1.
 """
 
 from __future__ import annotations
@@ -77,7 +78,14 @@ def make_train_step(
             metrics = jax.tree.map(lambda m: m.mean(0), metrics)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        out = {**metrics, "loss": loss, "grad_norm": global_norm(grads), "param_norm": global_norm(params)}
+        grad_norm = global_norm(grads)
+        # A non-finite loss or gradient (an update that blew the model up) skips the step: the weights and the
+        # optimizer state stay as they were, and the metrics say so.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (params, opt_state), (state.params, state.opt_state))
+        out = {**metrics, "loss": loss, "grad_norm": grad_norm, "param_norm": global_norm(params),
+               "skipped_nonfinite": (~finite).astype(jnp.float32)}
         if schedule is not None:
             out["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
