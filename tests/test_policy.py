@@ -176,3 +176,54 @@ def test_bad_batch_raises_naming_the_key(policy):
     batch["image_grid_thw"] = np.asarray([[1, 2, 8]])
     with pytest.raises(ValueError, match="'image_grid_thw'"):
         action_loss(policy, batch)
+
+
+def test_microbatched_action_loss_gradient_is_the_full_batch_one(policy):
+    """Replies of 7, 4, 8 and 3 targets in 2 strided microbatches (15 vs 7 targets): the accumulated gradient
+    and the loss are the full batch's masked mean, which weighting the microbatches equally is not."""
+    import optax
+
+    from histeve_jax.train.state import state_from_model
+    from histeve_jax.train.step import make_train_step
+
+    actions = [*ACTIONS, {"camera": np.array([0.0, 0.0])}]
+    batch = jax.tree.map(jnp.asarray, make_batch(policy.config, actions, [0, 1, 0, 1], seed=5))
+    batch.pop("image_grid_thw")
+    batch["pixel_values"] = batch["pixel_values"].reshape(4, -1, batch["pixel_values"].shape[-1])  # per row
+    # An "optimizer" that keeps the gradient it is given in its state (params stay), to read it back exactly.
+    tx = optax.GradientTransformation(
+        lambda params: jax.tree.map(jnp.zeros_like, params),
+        lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
+    state = state_from_model(policy, tx)
+
+    steps = {k: jax.jit(make_train_step(action_loss, tx, microbatches=k)) for k in (1, 2)}  # compiled once
+
+    def grad_and_metrics(microbatches, b):
+        new, metrics = steps[microbatches](state, b, jax.random.key(0))
+        return new.opt_state, metrics
+
+    full, full_m = grad_and_metrics(1, batch)
+    micro, micro_m = grad_and_metrics(2, batch)
+    # The oracle: each microbatch's own gradient of its masked mean, weighted by its target count. Rows do
+    # not interact, so the full batch with the loss masked to one microbatch's rows (strided: 0, 2 and
+    # 1, 3) gives that microbatch's gradient, from the same compiled step.
+    def only(rows):
+        keep = np.zeros((4, 1), np.float32)
+        keep[list(rows)] = 1
+        return {**batch, "loss_mask": batch["loss_mask"] * keep}
+
+    (g0, m0), (g1, m1) = grad_and_metrics(1, only((0, 2))), grad_and_metrics(1, only((1, 3)))
+    n0, n1 = float(m0["n_targets"]), float(m1["n_targets"])
+    assert (n0, n1) == (15.0, 7.0)
+    weighted = jax.tree.map(lambda a, b: (n0 * a + n1 * b) / (n0 + n1), g0, g1)
+    equal = jax.tree.map(lambda a, b: (a + b) / 2, g0, g1)
+
+    def rel(a, b):  # the largest over leaves of max|a - b| / max|b|
+        return max(float(jnp.abs(x - y).max() / jnp.maximum(jnp.abs(y).max(), 1e-30))
+                   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+    assert rel(weighted, full) < 1e-5 and rel(micro, full) < 1e-5, (rel(weighted, full), rel(micro, full))
+    assert rel(equal, full) > 1e-2  # equal weights would be told apart by far
+    want_loss = (n0 * float(m0["loss"]) + n1 * float(m1["loss"])) / (n0 + n1)
+    np.testing.assert_allclose([float(micro_m["loss"]), float(full_m["loss"])], want_loss, rtol=1e-6)
+    assert float(micro_m["n_targets"]) == float(full_m["n_targets"]) == 22

@@ -44,11 +44,17 @@ def make_train_step(
     *,
     schedule: optax.Schedule | None = None,
     microbatches: int = 1,
+    weight_key: str = "n_targets",
 ) -> Callable[[TrainState, Any, jax.Array], tuple[TrainState, dict[str, jax.Array]]]:
-    """A pure ``train_step(state, batch, rng) -> (state, metrics)``; with ``microbatches > 1`` the gradient is
-    the mean of the microbatches' gradients. That equals the full-batch gradient for a per-example-mean loss;
-    a loss averaged over masked tokens (``vla.action_loss``) weights each microbatch equally instead of by
-    its token count, so it differs slightly when the microbatches hold different numbers of targets."""
+    """A pure ``train_step(state, batch, rng) -> (state, metrics)``, accumulating gradients over
+    ``microbatches`` passes so that loss and gradient are the full batch's.
+
+    A loss that is a mean over masked terms (``policy.action_loss``: target tokens) reports their count in
+    its metrics under ``weight_key``: microbatch i is then weighted by n_i / sum(n), which makes the
+    accumulated gradient that of the full batch's masked mean (equal weights would not, as microbatches
+    hold different numbers of targets). A loss without that metric gets equal weights (right for a
+    per-example mean: the microbatches are of equal size). ``weight_key`` is summed over microbatches;
+    the other metrics are their means over microbatches."""
     if microbatches < 1:
         raise ValueError(f"microbatches must be >= 1, got {microbatches}")
 
@@ -69,13 +75,16 @@ def make_train_step(
             def accumulate(carry: Any, xs: Any) -> tuple[Any, Any]:
                 mb, key = xs
                 (mb_loss, mb_metrics), mb_grads = grad_fn(state.params, mb, key)
-                carry = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), carry, mb_grads)
-                return carry, (mb_loss, mb_metrics)
+                n = jnp.asarray(mb_metrics.get(weight_key, 1.0), jnp.float32)  # this microbatch's terms
+                carry = jax.tree.map(lambda a, g: a + n * g.astype(jnp.float32), carry, mb_grads)
+                return carry, (mb_loss, n, mb_metrics)
 
-            grad_sum, (losses, metrics) = jax.lax.scan(accumulate, zeros, (mbs, keys))
-            grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), grad_sum, state.params)
-            loss = losses.mean()
-            metrics = jax.tree.map(lambda m: m.mean(0), metrics)
+            grad_sum, (losses, counts, metrics) = jax.lax.scan(accumulate, zeros, (mbs, keys))
+            # A masked mean over all terms of the batch: sum_i n_i * mean_i / sum_i n_i (0 if no terms).
+            total = jnp.maximum(counts.sum(), jnp.finfo(jnp.float32).tiny)
+            grads = jax.tree.map(lambda g, p: (g / total).astype(p.dtype), grad_sum, state.params)
+            loss = (counts * losses).sum() / total
+            metrics = {k: m.sum(0) if k == weight_key else m.mean(0) for k, m in metrics.items()}
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         grad_norm = global_norm(grads)
