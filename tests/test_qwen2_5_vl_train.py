@@ -24,7 +24,7 @@ def batch(qwen_tiny_dir):
     return ids, pv, grid
 
 
-def _torch_grads(cfg, hf, batch):
+def _torch_grads(cfg, hf, batch, scale=1.0):
     ids, pv, grid = batch
     t = torch.tensor
     hf.zero_grad()
@@ -34,21 +34,30 @@ def _torch_grads(cfg, hf, batch):
         image_grid_thw=t(grid),
         mm_token_type_ids=t((ids == cfg.image_token_id).astype(np.int64)),
     ).logits
-    loss = torch.nn.functional.cross_entropy(logits[0, :-1], t(ids[0, 1:]))
+    loss = scale * torch.nn.functional.cross_entropy(logits[0, :-1], t(ids[0, 1:]))
     loss.backward()
-    g = dict(hf.named_parameters())
+    g = {k: p.grad.numpy() for k, p in hf.named_parameters()}
+    lm, vis = "model.language_model.", "model.visual."
     return loss.item(), {
-        "q0": g["model.language_model.layers.0.self_attn.q_proj.weight"].grad.numpy().T.reshape(64, 4, 16),
-        "patch": g["model.visual.patch_embed.proj.weight"].grad.numpy().reshape(32, -1).T,
-        "lm_head": g["lm_head.weight"].grad.numpy().T,
+        "q0": g[lm + "layers.0.self_attn.q_proj.weight"].T.reshape(64, 4, 16),
+        "patch": g[vis + "patch_embed.proj.weight"].reshape(32, -1).T,
+        "lm_head": g["lm_head.weight"].T,
+        # norm scales and biases, in the decoder and the vision tower
+        "q_bias1": g[lm + "layers.1.self_attn.q_proj.bias"].reshape(4, 16),
+        "input_norm2": g[lm + "layers.2.input_layernorm.weight"],
+        "final_norm": g[lm + "norm.weight"],
+        "vision_norm1": g[vis + "blocks.0.norm1.weight"],
+        "vision_qkv_bias": g[vis + "blocks.1.attn.qkv.bias"].reshape(3, 2, 16),
+        "merger_ln_q": g[vis + "merger.ln_q.weight"],
+        "merger_fc2_bias": g[vis + "merger.mlp.2.bias"],
     }
 
 
 @functools.partial(nnx.jit, static_argnames=("grid",))
-def _loss_and_grads(model, ids, pv, grid):
-    def loss_fn(m):
-        logits = m(ids, pixel_values=pv, image_grid_thw=grid)
-        return optax.softmax_cross_entropy_with_integer_labels(logits[0, :-1], ids[0, 1:]).mean()
+def _loss_and_grads(model, ids, pv, grid, regime=None):
+    def loss_fn(m):  # the mean next-token loss over every row's tokens
+        logits = m(ids, pixel_values=pv, image_grid_thw=grid, regime=regime)
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], ids[:, 1:]).mean()
 
     return nnx.value_and_grad(loss_fn)(model)
 
@@ -63,16 +72,59 @@ def test_grads_match_torch_backward(qwen_tiny_dir, batch, remat, scan):
     ids, pv, grid = batch
     loss, g = _loss_and_grads(model, jnp.asarray(ids), jnp.asarray(pv), tuple(map(tuple, grid)))
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
+    def layer(i, module, name):  # decoder layer i's gradient (a slice of the scanned stack)
+        if scan:
+            return getattr(getattr(g.language_model.layers, module), name).get_value()[i]
+        return getattr(getattr(g.language_model.layers[i], module), name).get_value()
+
     ours = {
-        "q0": g.language_model.layers.attn.q.get_value()[0]
-        if scan
-        else g.language_model.layers[0].attn.q.get_value(),
+        "q0": layer(0, "attn", "q"),
         "patch": g.visual.patch_embed.get_value(),
         "lm_head": g.lm_head.get_value(),
+        "q_bias1": layer(1, "attn", "q_bias"),
+        "input_norm2": layer(2, "input_norm", "scale"),
+        "final_norm": g.language_model.norm.scale.get_value(),
+        "vision_norm1": g.visual.blocks[0].norm1.scale.get_value(),
+        "vision_qkv_bias": g.visual.blocks[1].attn.qkv_bias.get_value(),
+        "merger_ln_q": g.visual.merger.ln_q.scale.get_value(),
+        "merger_fc2_bias": g.visual.merger.fc2_bias.get_value(),
     }
     for k, r in ref.items():
         err = np.abs(np.asarray(ours[k]) - r).max() / np.abs(r).max()
         assert err < 1e-4, f"{k}: {err:.2e}"
+
+
+def test_rs_norm_row_grads_are_torchs_per_regime(qwen_tiny_dir, batch):
+    """Two sequences in regimes NG and GUI: row r of every RS-Norm scale gets exactly the gradient torch
+    gives the base model's norm weight from sequence r alone; shared weights get the sum."""
+    cfg, hf, d = qwen_tiny_dir
+    ids, pv, grid = batch
+    pv2, grid2 = qwen_images([(56, 84)], seed=32)
+    ids2 = ids.copy()
+    ids2[0, -4:] = [9, 10, 11, 12]  # another instruction, another image
+    # Torch, one sequence at a time: each one's share of the batch's mean token loss.
+    n_tok = 2 * (ids.shape[1] - 1)
+    refs, lm = [], "model.language_model.layers."
+    for x, p, gr in ((ids, pv, grid), (ids2, pv2, grid2)):
+        loss, _ = _torch_grads(cfg, hf, (x, p, gr), scale=(ids.shape[1] - 1) / n_tok)
+        g = {k: q.grad.numpy().copy() for k, q in hf.named_parameters()}
+        refs.append({"input_norm": np.stack([g[lm + f"{i}.input_layernorm.weight"] for i in range(3)]),
+                     "post_attn_norm": np.stack([g[lm + f"{i}.post_attention_layernorm.weight"]
+                                                 for i in range(3)]),
+                     "q0": g[lm + "0.self_attn.q_proj.weight"].T.reshape(64, 4, 16)})
+    model = load_hf(d, config_overrides={"norm_regimes": 2})
+    both = (jnp.asarray(np.concatenate([ids, ids2])), jnp.asarray(np.concatenate([pv, pv2])),
+            tuple(map(tuple, np.concatenate([grid, grid2]))))
+    _, g = _loss_and_grads(model, *both, regime=jnp.asarray([0, 1]))
+    layers = g.language_model.layers
+    for name in ("input_norm", "post_attn_norm"):
+        ours = np.asarray(getattr(layers, name).scale.get_value())  # [L, 2, d]
+        for r in (0, 1):
+            want = refs[r][name]
+            err = np.abs(ours[:, r] - want).max() / np.abs(want).max()
+            assert err < 1e-4, f"{name} row {r}: {err:.2e}"
+    want = refs[0]["q0"] + refs[1]["q0"]
+    assert np.abs(np.asarray(layers.attn.q.get_value()[0]) - want).max() / np.abs(want).max() < 1e-4
 
 
 def test_load_hf_places_tensors_by_logical_names(qwen_tiny_dir):
