@@ -21,6 +21,7 @@ from histeve_jax.policy import Policy
 from histeve_jax.train import data as data_lib
 from histeve_jax.train import loop, setup
 from histeve_jax.train import optimizer as optimizer_lib
+from histeve_jax.train import state as state_lib
 from histeve_jax.train.checkpoint import Checkpointer
 from histeve_jax.train.specs import RunSpec
 
@@ -67,8 +68,15 @@ def _losses(history, steps):
     return np.array([history[s]["loss"] for s in steps])
 
 
-def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monkeypatch):
-    whole = _train(_config(demo_dirs), str(tmp_path / "whole"))
+@pytest.fixture(scope="module")
+def whole_run(demo_dirs, tmp_path_factory):
+    """(history, workdir) of the uninterrupted 24-step run that interrupted runs are compared with."""
+    workdir = tmp_path_factory.mktemp("whole")
+    return _train(_config(demo_dirs), str(workdir)), workdir
+
+
+def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, whole_run, tmp_path, monkeypatch):
+    whole, whole_dir = whole_run
     first = _train(_config(demo_dirs, stop_at_step=12), str(tmp_path / "killed"))
     # the kill lost steps 9-12 (the last checkpoint is step 8); the restart redoes them from step 8
     second = _train(_config(demo_dirs), str(tmp_path / "killed"))
@@ -79,19 +87,19 @@ def test_killed_run_resumes_exactly_and_the_loss_falls(demo_dirs, tmp_path, monk
     assert loss[-3:].mean() < loss[:3].mean() - 1.0, loss
     assert whole[24]["eval/loss"] < loss[0] and 0 <= whole[24]["eval/acc/type"] <= 1
     assert whole[24]["data/bad_samples"] == 0 and whole[24]["data/good_samples"] == 24 * 4
-    assert json.load(open(tmp_path / "whole" / "config.json"))["stage"] == "imitation"
-    assert glob.glob(str(tmp_path / "whole" / "events.out.tfevents.*"))
-    assert sorted(os.listdir(tmp_path / "whole" / "checkpoints")) == ["16", "24", "8"]
+    assert json.load(open(whole_dir / "config.json"))["stage"] == "imitation"
+    assert glob.glob(str(whole_dir / "events.out.tfevents.*"))
+    assert sorted(os.listdir(whole_dir / "checkpoints")) == ["16", "24", "8"]
 
     # init_from: a new stage starts from this run's final weights, with a fresh step and optimizer
-    spec = RunSpec.from_config(_config(demo_dirs, init_from=str(tmp_path / "whole")), str(tmp_path / "s2"))
+    spec = RunSpec.from_config(_config(demo_dirs, init_from=str(whole_dir)), str(tmp_path / "s2"))
     stage = setup.policy_stage(spec)
     tx, _ = optimizer_lib.make_optimizer(spec.optimizer)
     mesh = mesh_lib.mesh_from_config(spec.mesh)
     rules = axes.RULES
     fresh = Checkpointer(str(tmp_path / "stage2" / "checkpoints"), async_save=False)
     state, _, data_state = setup.build_state(spec, stage, tx, mesh, rules, fresh)
-    done = Checkpointer(str(tmp_path / "whole" / "checkpoints"), async_save=False)
+    done = Checkpointer(str(whole_dir / "checkpoints"), async_save=False)
     final, _, _ = done.restore(state)
     assert int(state.step) == 0 and data_state is None
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params), strict=True):
@@ -237,6 +245,33 @@ def test_eval_on_several_hosts_never_runs_out_before_eval_batches(demo_dirs, mon
     assert len(list(itertools.islice(it, 10))) == 10  # more than its one pass of 6
 
 
+def test_recording_without_the_game_falls_back_to_the_synthetic_data(tmp_path, monkeypatch, caplog):
+    """data.generate="record" (the tiny imitation default) on a machine without minetest: no recorder
+    runs, a warning says so, and the run gets exactly the data generate="synthetic" makes."""
+    import logging
+
+    from histeve_jax.data import records as R
+    from histeve_jax.envs.luanti import process
+
+    monkeypatch.setattr(process, "MINETEST_BIN", "/nonexistent/minetest")  # what HISTEVE_MINETEST sets
+    assert not process.minetest_available()
+    c = imitation.get_config("tiny")
+    assert c.data.generate == "record" and not c.data.train_dirs
+    c.synthetic.train_size, c.synthetic.eval_size, c.synthetic.length = 2, 1, 4
+    with caplog.at_level(logging.WARNING):
+        train, evald = data_lib.data_dirs(RunSpec.from_config(c, str(tmp_path / "rec")))
+    assert "the Luanti game (minetest, Xvfb) is not installed; using synthetic data" in caplog.text
+    data = tmp_path / "rec" / "data"
+    assert train == [str(data / "train")] and evald == [str(data / "eval")]
+    assert not os.path.exists(data / "recorded")  # the recorder never started
+    c.data.generate = "synthetic"
+    want = data_lib.data_dirs(RunSpec.from_config(c, str(tmp_path / "syn")))
+    read = lambda dirs: [r for p in R.shard_paths(dirs[0]) for r in R.read_shard(p)]
+    for got_dirs, want_dirs in zip((train, evald), want, strict=True):
+        got_recs = read(got_dirs)
+        assert got_recs and got_recs == read(want_dirs)
+
+
 def test_without_train_dirs_the_run_generates_its_data_once(tmp_path):
     from histeve_jax.data import records as R
 
@@ -248,3 +283,92 @@ def test_without_train_dirs_the_run_generates_its_data_once(tmp_path):
     assert sum(1 for p in R.shard_paths(train[0]) for _ in R.read_shard(p)) == 2 * 4
     c.data.eval_dirs = "/given/eval"
     assert data_lib.data_dirs(RunSpec.from_config(c, str(tmp_path))) == (train, ["/given/eval"])
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sigterm_mid_run_saves_that_step_and_the_resumed_run_equals_the_whole(demo_dirs, whole_run, tmp_path):
+    """The training program itself (experiments.train) gets SIGTERM after step 3: it saves the step it is at
+    and exits 0; the resumed run continues from there exactly as the uninterrupted run."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    whole, _ = whole_run
+    workdir = tmp_path / "preempted"
+    over = {"data.train_dirs": demo_dirs[0][0], "data.eval_dirs": demo_dirs[1][0], "data.batch_size": 4,
+            "num_train_steps": 24, "optimizer.warmup_steps": 2, "log_every": 1, "eval_every": 0,
+            "checkpoint_every": 100, "progress_bar": False, "eval.enabled": False}
+    config = f"--config={REPO}/experiments/configs/imitation.py:tiny"
+    cmd = [sys.executable, "-m", "experiments.train", config, f"--workdir={workdir}", "--logtostderr",
+           *(f"--config.{k}={v}" for k, v in over.items())]
+    # The in-process runs' compilation cache: the program compiles nothing new.
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir,
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    log = []
+    try:
+        for line in proc.stderr:
+            log.append(line)
+            m = re.search(r"\] \[(\d+)\] ", line)  # clu's metrics line of a step
+            if m and int(m.group(1)) >= 3:
+                proc.send_signal(signal.SIGTERM)
+                break
+        log += proc.communicate(timeout=300)[1]
+    finally:
+        proc.kill()
+    text = "".join(log)
+    assert proc.returncode == 0, text[-3000:]
+    saved = sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+    assert len(saved) == 1 and 3 <= saved[0] < 24, (saved, text[-2000:])
+    assert f"preempted: saved step {saved[0]}, stopping" in text
+    resumed = _train(_config(demo_dirs, checkpoint_every=100), str(workdir))
+    assert sorted(resumed) == list(range(saved[0] + 1, 25))
+    steps = sorted(resumed)
+    np.testing.assert_array_equal(_losses(resumed, steps), _losses(whole, steps))
+
+
+def test_the_loop_with_microbatches_trains_as_the_full_batch(demo_dirs, whole_run, tmp_path):
+    """2 microbatches of the action loss (replies of unequal length): the loop's losses are the full
+    batch's (step 1 is the same parameters: only summation order differs; later steps follow)."""
+    whole, _ = whole_run
+    micro = _train(_config(demo_dirs, microbatches=2, stop_at_step=3, eval_every=0), str(tmp_path / "mb"))
+    np.testing.assert_allclose(_losses(micro, [1]), _losses(whole, [1]), rtol=1e-6)
+    np.testing.assert_allclose(_losses(micro, [2, 3]), _losses(whole, [2, 3]), rtol=1e-5)
+
+
+def _final_params(spec, workdir, step=None):
+    stage = setup.policy_stage(spec)
+    tx, _ = optimizer_lib.make_optimizer(spec.optimizer)
+    mesh = mesh_lib.mesh_from_config(spec.mesh)
+    abstract, _ = state_lib.abstract_train_state(stage.init_model, tx, mesh, axes.RULES)
+    with Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False) as ck:
+        return ck.restore(abstract, step=step)[0].params
+
+
+def test_world_knowledge_stage_trains_and_imitation_starts_from_its_latest_weights(demo_dirs, tmp_path):
+    c = world_knowledge.get_config("tiny")
+    c.synthetic.train_size, c.synthetic.eval_size = 16, 4
+    c.data.batch_size, c.num_train_steps, c.optimizer.warmup_steps = 4, 4, 1
+    c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every, c.progress_bar = 1, 4, 1, 2, False
+    wk_dir = str(tmp_path / "wk")
+    wk = _train(c, wk_dir)
+    assert sorted(wk) == [1, 2, 3, 4] and all(np.isfinite(wk[s]["loss"]) for s in wk)
+    # Text answers, no action tokens (accuracies of absent token groups are not logged).
+    assert "acc/other" in wk[1] and "acc/type" not in wk[1] and np.isfinite(wk[4]["eval/loss"])
+    assert sorted(os.listdir(os.path.join(wk_dir, "checkpoints"))) == ["2", "4"]
+    # Imitation from it (the tiny run's program, compiled already): its first step is at learning rate 0
+    # (the warm-up starts there), so its step-1 checkpoint holds the parameters it started from.
+    im_dir = str(tmp_path / "im")
+    im = _config(demo_dirs, init_from=wk_dir, checkpoint_every=1, stop_at_step=2, eval_every=0)
+    hist = _train(im, im_dir)
+    assert sorted(hist) == [1, 2] and hist[1]["learning_rate"] == 0.0 and hist[2]["learning_rate"] > 0
+    spec = RunSpec.from_config(_config(demo_dirs), im_dir)
+    got, latest, earlier = (_final_params(spec, im_dir, step=1), _final_params(spec, wk_dir),
+                            _final_params(spec, wk_dir, step=2))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(latest), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(latest), jax.tree.leaves(earlier), strict=True))
