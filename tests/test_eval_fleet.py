@@ -5,7 +5,6 @@ import dataclasses
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 
@@ -22,7 +21,6 @@ from histeve_jax.eval.fleet import EpisodeSpec, Fleet  # noqa: E402
 from histeve_jax.eval.rollout import ExpertAgent, expert_agent, run_episode  # noqa: E402
 
 ENV_KWARGS = {"obs_size": (64, 64), "randomize_init": True, "hang_timeout_s": 6.0}
-SCRATCH = os.path.join(tempfile.gettempdir(), "histeve_fleet")
 SPECS = [EpisodeSpec(task, seed) for task in ("place_dirt", "craft_planks") for seed in (0, 1)]
 
 # The factories below live in this (test) module, which Ray's workers cannot import: ship them by value.
@@ -132,7 +130,8 @@ def test_killed_actor_is_restarted_and_its_episode_retried(fleet, tmp_path):
     pids = fleet.pids()
     workers = [p[0] for p in pids]
     assert dead_worker not in workers and len(workers) == 2  # Ray restarted the actor
-    worlds = [d for w in os.listdir(SCRATCH) for d in os.listdir(os.path.join(SCRATCH, w))]
+    # This fleet's own folders only: other fleets on the machine, or ones killed earlier, have theirs.
+    worlds = [d for w in fleet.scratch_dirs() for d in os.listdir(w)]
     assert len(worlds) == sum(len(p) > 1 for p in pids)  # one per live game: the dead game's is gone
 
 
@@ -181,4 +180,4 @@ def test_close_leaves_no_game_processes(fleet):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
-    assert not os.listdir(SCRATCH)  # and no temp worlds
+    assert not fleet.scratch_dirs()  # and no temp worlds

@@ -119,10 +119,17 @@ class Fleet:
                 ray.init(address=address, logging_level=logging.WARNING)
         self._actor_args = (backend, dict(env_kwargs), dict(run_kwargs or {}))
         self._num_cpus = num_cpus_per_game
+        self.slots: list[str] = []  # every actor's scratch folder name, restarted and replaced ones too
         self.actors = [self._new_actor() for _ in range(num_instances)]
 
     def _new_actor(self) -> Any:
-        return GameActor.options(num_cpus=self._num_cpus).remote(*self._actor_args, slot=uuid.uuid4().hex)
+        self.slots.append(uuid.uuid4().hex)
+        return GameActor.options(num_cpus=self._num_cpus).remote(*self._actor_args, slot=self.slots[-1])
+
+    def scratch_dirs(self) -> list[str]:
+        """This fleet's actors' scratch folders that exist now (other fleets on the host have their own)."""
+        root = os.path.join(tempfile.gettempdir(), "histeve_fleet")
+        return [p for p in (os.path.join(root, s) for s in self.slots) if os.path.isdir(p)]
 
     def run(self, specs: Sequence[EpisodeSpec], make_agent: AgentFactory) -> Iterator[EpisodeResult]:
         """Run every spec on the fleet; yields each complete result as it finishes (any order)."""
