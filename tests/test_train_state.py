@@ -134,7 +134,7 @@ def test_train_step_reduces_loss_and_keeps_the_input_state():
         losses.append(float(metrics["loss"]))
     assert losses[-1] < 0.5 * losses[0]
     assert int(st.step) == 20
-    assert set(metrics) == {"loss", "mae", "grad_norm", "param_norm", "learning_rate"}
+    assert set(metrics) == {"loss", "mae", "grad_norm", "param_norm", "learning_rate", "skipped_nonfinite"}
     # The first state is untouched: the step is a pure function (only jit donation reuses buffers).
     st0 = state_lib.state_from_model(model, tx)
     for a, b in zip(jax.tree.leaves(st0.params), jax.tree.leaves(before), strict=True):
