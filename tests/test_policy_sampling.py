@@ -208,3 +208,90 @@ def test_sampled_logprobs_are_the_masked_softmax_of_the_full_forward():
         np.testing.assert_allclose(out.logprobs[~done, i], want[~done], rtol=1e-4, atol=1e-5)
         assert (out.logprobs[done, i] == 0).all() and (out.tokens[done, i] == end).all()
         state = G.advance(g, state, jnp.asarray(out.tokens[:, i]))
+
+
+def test_greedy_act_equals_transformers_generate_under_the_grammar(qwen_tiny_dir):
+    """ActionSampler (KV cache, M-RoPE decode positions, left padding, RS-Norm rows, grammar mask) against
+    transformers' own generate with the same automaton as a LogitsProcessor, on a batch of left-padded
+    prompts of 2 frames each in both regimes; each regime's rows go to an HF model whose norms are that
+    RS-Norm row (the GUI row is perturbed, so a row read for the wrong regime shows). Tokens are equal and
+    so are their log-probs."""
+    import copy
+
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    _, hf, d = qwen_tiny_dir
+    config = tiny_config(history_frames=1)
+    policy = with_random_action_rows(Policy.from_pretrained(d, config), seed=3)
+    layers = policy.model.language_model.layers
+    for norm in (layers.input_norm, layers.post_attn_norm):  # [L, 2, d]: a GUI row of its own
+        s = np.asarray(norm.scale[...]).copy()
+        s[:, 1] *= 1 + 0.3 * np.random.default_rng(1).standard_normal(s[:, 1].shape)
+        norm.scale.set_value(jnp.asarray(s))
+    regimes = np.array([0, 1, 1, 0, 1])
+    ids, am, pv = make_prompts(config, regimes, seed=11)
+    ours = ActionSampler(policy)(ids, am, pv, regimes, jax.random.key(0), greedy=True)
+    tokens = ours.tokens
+
+    g = grammar_of(config)
+    allowed, nxt = torch.tensor(np.asarray(g.allowed)), np.asarray(g.next_state)
+    start = np.asarray(G.start_state(jnp.asarray([0, 1])))
+    end = config.vocab.id_of(config.vocab.slots.end)
+
+    class Grammar(LogitsProcessor):
+        """The same automaton, replayed over each row's tokens generated so far."""
+
+        def __init__(self, prompt_len: int, regime: int):
+            self.prompt_len, self.regime = prompt_len, regime
+
+        def __call__(self, input_ids, scores):
+            out = scores.clone()
+            for b, row in enumerate(input_ids[:, self.prompt_len :].tolist()):
+                state = int(start[self.regime])
+                for t in row:
+                    state = int(nxt[state, t])
+                out[b, ~allowed[state]] = -float("inf")
+            return out
+
+    P, F = config.patches_per_image, config.num_frames
+    grid = np.asarray(config.image_grid(len(regimes) * F))
+    base = config.base
+    embed, head = np.asarray(policy.model.language_model.embed[...]), np.asarray(policy.model.lm_head[...])
+    in_s, post_s = np.asarray(layers.input_norm.scale[...]), np.asarray(layers.post_attn_norm.scale[...])
+    for r in (0, 1):
+        ref = copy.deepcopy(hf)
+        ref.resize_token_embeddings(config.vocab_size, mean_resizing=False)
+        with torch.no_grad():
+            ref.get_input_embeddings().weight.copy_(torch.tensor(embed))
+            ref.get_output_embeddings().weight.copy_(torch.tensor(head.T))
+            for i, layer in enumerate(ref.model.language_model.layers):
+                layer.input_layernorm.weight.copy_(torch.tensor(in_s[i, r]))
+                layer.post_attention_layernorm.weight.copy_(torch.tensor(post_s[i, r]))
+        rows = np.flatnonzero(regimes == r)
+        images = np.concatenate([np.arange(b * F, (b + 1) * F) for b in rows])
+        pix = pv.reshape(-1, P, pv.shape[-1])[images].reshape(-1, pv.shape[-1])
+        t = torch.tensor
+        with torch.no_grad():
+            out = ref.generate(
+                input_ids=t(ids[rows]).long(), attention_mask=t(am[rows]).long(), pixel_values=t(pix),
+                image_grid_thw=t(grid[images]).long(),
+                mm_token_type_ids=t((ids[rows] == base.image_token_id).astype(np.int64)),
+                max_new_tokens=config.vocab.max_len, do_sample=False, eos_token_id=end, pad_token_id=end,
+                logits_processor=LogitsProcessorList([Grammar(ids.shape[1], r)]),
+                output_scores=True, return_dict_in_generate=True,
+            )
+        got = out.sequences[:, ids.shape[1] :].numpy()
+        want = np.full((len(rows), tokens.shape[1]), end)
+        want[:, : got.shape[1]] = got  # transformers stops when every row has ended
+        np.testing.assert_array_equal(tokens[rows], want, err_msg=f"regime {r}")
+        # Log-probs: log_softmax of transformers' grammar-masked scores at each row's tokens up to its END
+        # (the argmax alone would not show a small error in the decode positions or the cache).
+        logp = torch.log_softmax(torch.stack(out.scores, 1).float(), -1).numpy()
+        hf_lp = np.take_along_axis(logp, got[..., None], -1)[..., 0]
+        for i, b in enumerate(rows):
+            n = int(np.flatnonzero(tokens[b] == end)[0]) + 1
+            np.testing.assert_allclose(ours.logprobs[b, :n], hf_lp[i, :n], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"row {b}")
+    assert [int(r) for _, r in decode_actions(config, tokens)] == regimes.tolist()
+    assert len({tuple(row) for row in tokens.tolist()}) >= 3  # varied actions, not one repeated
