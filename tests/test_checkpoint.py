@@ -33,9 +33,18 @@ class Small(nnx.Module):
 
 
 def perturbed(state):
-    """A state whose every leaf differs from its fresh value (step, params, Adam's count and moments)."""
+    """A state whose every leaf differs from its fresh value (step, params, Adam's count and moments), so a
+    restore that handed back any fresh or target value instead of the saved one cannot pass."""
     bump = lambda x: x + jax.numpy.asarray(3, x.dtype)
-    return state.replace(step=state.step + 7, opt_state=jax.tree.map(bump, state.opt_state))
+    return state.replace(step=state.step + 7, params=jax.tree.map(bump, state.params),
+                         opt_state=jax.tree.map(bump, state.opt_state))
+
+
+def assert_every_leaf_differs(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb, strict=True):
+        assert not np.any(np.asarray(x) == np.asarray(y)), "a saved leaf equals its fresh value"
 
 
 def assert_same_leaves(a, b):
@@ -67,6 +76,7 @@ if not IN_CHILD:
 
     def test_state_iterator_and_config_round_trip_exactly(tmp_path, small_state):
         st, fresh = small_state
+        assert_every_leaf_differs(st, fresh())
         cfg = ml_collections.ConfigDict({"optimizer": {"learning_rate": 1e-5}, "mesh": {"ici": {"fsdp": -1}}})
         with checkpoint.Checkpointer(tmp_path / "ckpt") as ck:
             assert ck.save(7, st, data_iter_state={"next_index": 12, "epoch": 1}, config=cfg)
@@ -132,7 +142,9 @@ else:
         mesh_a = mesh_lib.make_mesh({"fsdp": 8})
         mesh_b = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
         with nnx.use_eager_sharding(False):
-            host = perturbed(state_lib.state_from_model(model_fn(), tx))
+            fresh = state_lib.state_from_model(model_fn(), tx)  # the restore target's own values
+            host = perturbed(fresh)
+        assert_every_leaf_differs(host, fresh)
         _, shardings_a = state_lib.abstract_train_state(model_fn, tx, mesh_a, rules)
         saved = jax.device_put(host, shardings_a)
         with checkpoint.Checkpointer(tmp_path / "ckpt") as ck:
