@@ -6,13 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import qwen_images, qwen_vision_block
+from conftest import assert_close_to_reference, qwen_images, qwen_vision_block
 from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl import get_rope_index, load_hf
 from histeve_jax.models.qwen2_5_vl.rope import as_grid
-
-TOL = 1e-4
 
 
 def _mm_types(cfg, ids):
@@ -56,11 +54,7 @@ def our_logits(model, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None, 
     return np.asarray(out[1] if hidden else out[0])
 
 
-def assert_close(ours, ref, where=None):
-    if where is not None:
-        ours, ref = ours[where], ref[where]
-    err = np.abs(ours - ref).max() / np.abs(ref).max()
-    assert err < TOL, f"max|diff|/max|ref| = {err:.2e}"
+assert_close = assert_close_to_reference  # the measured bound (conftest)
 
 
 @pytest.fixture(scope="module", params=["scan", "loop"])

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import qwen_images, qwen_vision_block
+from conftest import assert_close_to_reference, qwen_images, qwen_vision_block
 from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl import (
@@ -106,7 +106,7 @@ def test_sharded_checkpoint_saves_loads_and_transformers_reads_it(
     index = json.load(open(tmp_path / "model.safetensors.index.json"))
     assert len(set(index["weight_map"].values())) > 2
     ref = _hf_logits(cfg, hf, prompt)
-    assert _rel(_our_logits(load_hf(str(tmp_path)), prompt), ref) < 1e-4
+    assert_close_to_reference(_our_logits(load_hf(str(tmp_path)), prompt), ref)
     hf2 = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
     np.testing.assert_array_equal(_hf_logits(cfg, hf2, prompt), ref)
 
@@ -120,7 +120,7 @@ def test_bf16_checkpoint_loads_in_bf16(qwen_tiny_dir, prompt, tmp_path):
     model = load_hf(str(tmp_path), dtype=jnp.bfloat16)
     dtypes = {v.dtype for v in jax.tree.leaves(nnx.state(model, nnx.Param))}
     assert dtypes == {jnp.dtype(jnp.bfloat16)}
-    assert _rel(_our_logits(model, prompt), ref) < 5e-2
+    assert _rel(_our_logits(model, prompt), ref) < 2e-2  # bf16 weights and compute: 7.4e-3 measured
 
 
 def test_new_transformers_key_layout_loads(qwen_tiny_dir, qwen_tiny_flax, prompt, tmp_path):
@@ -220,12 +220,12 @@ def test_rs_norm_adds_2Ld_params_and_starts_from_the_pretrained_scale(
     assert count(rs) - count(qwen_tiny_flax) == 2 * cfg.text.num_hidden_layers * cfg.text.hidden_size
     ref = _hf_logits(cfg, hf, prompt)
     for r in (0, 1):
-        assert _rel(_our_logits(rs, prompt, regime=jnp.asarray([r])), ref) < 1e-4
+        assert_close_to_reference(_our_logits(rs, prompt, regime=jnp.asarray([r])), ref)
     # Perturb the GUI row only: regime 1 changes, regime 0 (and None) keeps HF's logits.
     s = rs.language_model.layers.input_norm.scale
     s.set_value(s.get_value().at[:, 1].mul(1.5))
     assert _rel(_our_logits(rs, prompt, regime=jnp.asarray([1])), ref) > 1e-3
-    assert _rel(_our_logits(rs, prompt, regime=None), ref) < 1e-4
+    assert_close_to_reference(_our_logits(rs, prompt, regime=None), ref)
     with pytest.raises(ValueError, match="regime"):
         save_hf(rs, str(tmp_path / "x"))
     save_hf(rs, str(tmp_path / "r1"), regime=1)
@@ -284,7 +284,7 @@ def test_tied_embeddings_model_matches_transformers_and_round_trips(prompt, tmp_
     hf.save_pretrained(str(tmp_path / "src"))
     model = load_hf(str(tmp_path / "src"))
     assert not hasattr(model, "lm_head")
-    assert _rel(_our_logits(model, prompt), _hf_logits(cfg, hf, prompt)) < 1e-4
+    assert_close_to_reference(_our_logits(model, prompt), _hf_logits(cfg, hf, prompt))
     save_hf(model, str(tmp_path / "dst"))
     src, dst = _read_dir(str(tmp_path / "src")), _read_dir(str(tmp_path / "dst"))
     src.pop("lm_head.weight", None)
