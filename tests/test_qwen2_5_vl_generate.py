@@ -165,6 +165,30 @@ def test_sampler_reads_current_weights_and_refuses_a_replaced_graph(qwen_tiny_di
     )
 
 
+def test_scanned_and_unrolled_decoders_generate_the_same(qwen_tiny_dir, padded):
+    """The scanned decoder (stacked cache in the scan's carry), the unrolled one over stacks split per call,
+    and the Sampler's kept per-layer copies give the same tokens and log-probs."""
+    from histeve_jax.models.qwen2_5_vl import Sampler, load_hf
+
+    ids, mask, pv, grid = padded
+    kw = dict(pixel_values=pv, image_grid_thw=grid, options=GREEDY)
+    scan = Sampler(load_hf(qwen_tiny_dir[2], config_overrides={"layer_loop": "scan"}))
+    unrolled = load_hf(qwen_tiny_dir[2], config_overrides={"layer_loop": "unroll"})
+    outs = [s(ids, mask, **kw) for s in (scan, Sampler(unrolled, unstack_layers=False), Sampler(unrolled))]
+    assert scan._unstacked is None and outs[0].tokens.shape == (2, N_NEW)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(outs[0].tokens))
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(outs[0].logprobs), atol=1e-5)
+    # A layer weight replaced in place (a weight sync): the kept copies are remade and the tokens follow it.
+    sampler = Sampler(unrolled)
+    sampler(ids, mask, **kw)
+    down = unrolled.language_model.layers.mlp.down
+    down.set_value(-down[...])
+    fresh = Sampler(unrolled, unstack_layers=False)(ids, mask, **kw)
+    np.testing.assert_array_equal(np.asarray(sampler(ids, mask, **kw).tokens), np.asarray(fresh.tokens))
+    assert (np.asarray(fresh.tokens) != np.asarray(outs[0].tokens)).any()
+
+
 def _nucleus(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
     """softmax(logits / T) over the smallest set of most likely tokens whose mass reaches top_p (the most
     likely token always kept), renormalised: float64, per row."""

@@ -63,12 +63,15 @@ def _loss_and_grads(model, ids, pv, grid, regime=None):
 
 
 @pytest.mark.parametrize(
-    ("remat", "scan"), [("none", True), ("full", True), ("save_dots", True), ("full", False)]
+    ("remat", "scan", "loop"),
+    [("none", True, "scan"), ("none", True, "unroll"), ("full", True, "scan"), ("save_dots", True, "unroll"),
+     ("full", False, "auto")],
 )
-def test_grads_match_torch_backward(qwen_tiny_dir, batch, remat, scan):
+def test_grads_match_torch_backward(qwen_tiny_dir, batch, remat, scan, loop):
+    """Stacked layers scanned or unrolled (split stacks, gradients concatenated), or unstacked layers."""
     cfg, hf, d = qwen_tiny_dir
     ref_loss, ref = _torch_grads(cfg, hf, batch)
-    model = load_hf(d, config_overrides={"remat": remat, "scan_layers": scan})
+    model = load_hf(d, config_overrides={"remat": remat, "scan_layers": scan, "layer_loop": loop})
     ids, pv, grid = batch
     loss, g = _loss_and_grads(model, jnp.asarray(ids), jnp.asarray(pv), tuple(map(tuple, grid)))
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)

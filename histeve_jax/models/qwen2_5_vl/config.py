@@ -10,6 +10,7 @@ from typing import Any
 import jax.numpy as jnp
 
 REMAT_POLICIES = ("none", "full", "save_dots")
+LAYER_LOOPS = ("auto", "scan", "unroll")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,10 @@ class Qwen2_5_VLConfig:
     dtype: Any = jnp.float32  # compute dtype
     param_dtype: Any = jnp.float32
     scan_layers: bool = True
+    # How stacked (scan_layers) layers run: "scan" (lax.scan), "unroll" (the stacks split once, the layers
+    # called one by one: XLA:CPU copies a scanned layer's weights out of the stack and zero-fills stacked
+    # residual and gradient buffers), or "auto": unroll on the CPU backend, scan elsewhere.
+    layer_loop: str = "auto"
     remat: str = "none"
     norm_regimes: int = 1
 
@@ -110,6 +115,8 @@ class Qwen2_5_VLConfig:
             )
         if any(not 0 <= i < v.depth for i in v.fullatt_block_indexes):
             raise ValueError(f"vision_config.fullatt_block_indexes={v.fullatt_block_indexes} out of range")
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"layer_loop={self.layer_loop!r}; expected one of {LAYER_LOOPS}")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; expected one of {REMAT_POLICIES}")
         if self.norm_regimes < 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -83,6 +84,7 @@ class _Static:
     stop_ids: tuple[int, ...]
     pad_id: int
     constraint: Any  # None, ("tree", treedef) or ("static", constraint)
+    unstack: bool  # run the decoder over separate layer weights (`layer_weights`) with a per-layer cache
 
 
 class _SamplingState(NamedTuple):
@@ -90,7 +92,7 @@ class _SamplingState(NamedTuple):
 
     step: jax.Array  # tokens sampled so far
     logits: jax.Array  # [B, V] float32, of the next token
-    cache: tuple[jax.Array, jax.Array]  # K, V: [L, B, S, K, D]
+    cache: Any  # the decoder's KVCache: per layer (k, v) [B, K, S, D], or stacked [L, B, K, S, D]
     positions: jax.Array  # [3, B] M-RoPE position of the next token
     constraint_state: Any
     rng: jax.Array
@@ -111,8 +113,8 @@ def sample_token(
     logits [B, V] float32 (-inf where not allowed)."""
     if greedy:
         tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+        # The argmax's log-probability is its logit minus the log-normaliser: no [B, V] log-softmax.
+        return tok, jnp.max(logits, axis=-1) - jax.nn.logsumexp(logits, axis=-1)
     lg = logits / jnp.maximum(temperature, 1e-6)
     order = jnp.argsort(-lg, axis=-1)
     sorted_lg = jnp.take_along_axis(lg, order, axis=-1)
@@ -131,9 +133,8 @@ def _left_align(ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(ids, order, -1), jnp.take_along_axis(mask, order, -1)
 
 
-def _prefill(model: Qwen2_5_VLModel, prompt: _Prompt, static: _Static):
-    """The prompt through the model, filling a [L, B, T + max_new, K, D] cache; logits of the last token."""
-    cfg = model.config
+def _prefill(model: Qwen2_5_VLModel, prompt: _Prompt, layers, static: _Static):
+    """The prompt through the model, filling a cache of T + max_new positions; logits of the last token."""
     ids, mask = _left_align(prompt.input_ids, prompt.attention_mask)
     B, T = ids.shape
     S = T + static.max_new
@@ -141,20 +142,19 @@ def _prefill(model: Qwen2_5_VLModel, prompt: _Prompt, static: _Static):
     x = model.embed(ids, pixel_values=prompt.pixel_values, image_grid_thw=igrid,
                     pixel_values_videos=prompt.pixel_values_videos, video_grid_thw=vgrid)
     pos, _ = model.position_ids(ids, mask, igrid, vgrid, prompt.second_per_grid_ts)
-    t = cfg.text
-    shape = (t.num_hidden_layers, B, S, t.num_key_value_heads, t.head_dim)
-    cache = (jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+    cache = model.language_model.init_cache(B, S, per_layer=layers is not None)
     kv_valid = jnp.concatenate([mask.astype(bool), jnp.ones((B, static.max_new), bool)], axis=1)  # [B, S]
     causal = jnp.arange(S)[None, :] <= jnp.arange(T)[:, None]  # [T, S]
     h, cache = model.decode(
-        x, pos, causal[None] & kv_valid[:, None], regime=prompt.regime, cache=cache, cache_index=0
+        x, pos, causal[None] & kv_valid[:, None], regime=prompt.regime, cache=cache, cache_index=0,
+        layers=layers,
     )
     logits = model.logits(h[:, -1]).astype(jnp.float32)
     return logits, cache, pos[:, :, -1] + 1, kv_valid
 
 
-def _decode_loop(model, state: _SamplingState, kv_valid, prompt: _Prompt, temperature, top_p, constraint,
-                 static: _Static) -> _SamplingState:
+def _decode_loop(model, layers, state: _SamplingState, kv_valid, prompt: _Prompt, temperature, top_p,
+                 constraint, static: _Static) -> _SamplingState:
     """Sample, feed back, repeat until every row has stopped or ``max_new`` tokens are out."""
     S = kv_valid.shape[1]
     prompt_len = prompt.input_ids.shape[1]
@@ -181,7 +181,7 @@ def _decode_loop(model, state: _SamplingState, kv_valid, prompt: _Prompt, temper
         mask = (kv_valid & (jnp.arange(S)[None, :] <= slot))[:, None, :]  # [B, 1, S]
         x = model.language_model.embed_tokens(tok[:, None])
         h, cache = model.decode(x, s.positions[:, :, None], mask, regime=prompt.regime, cache=s.cache,
-                                cache_index=slot)
+                                cache_index=slot, layers=layers)
         logits = model.logits(h[:, 0]).astype(jnp.float32)
         return _SamplingState(s.step + 1, logits, cache, s.positions + 1, cstate, rng, done, tokens, logprobs,
                               lengths)
@@ -189,14 +189,21 @@ def _decode_loop(model, state: _SamplingState, kv_valid, prompt: _Prompt, temper
     return jax.lax.while_loop(cond, body, state)
 
 
-def _program(graphdef, paths, weights, prompt: _Prompt, rng, temperature, top_p, c_leaves, *,
-             static: _Static) -> GenerateOutput:
+def _program(graphdef, paths, layer_def, layer_paths, weights, layer_weights, prompt: _Prompt, rng,
+             temperature, top_p, c_leaves, *, static: _Static) -> GenerateOutput:
     model: Qwen2_5_VLModel = nnx.merge(graphdef, nnx.from_flat_state(list(zip(paths, weights, strict=True))))
     constraint = None
     if static.constraint is not None:
         kind, payload = static.constraint
         constraint = jax.tree.unflatten(payload, c_leaves) if kind == "tree" else payload
-    logits, cache, pos, kv_valid = _prefill(model, prompt, static)
+    # Unrolled layers are split before the loop (or arrive split, `layer_weights`), not inside each step.
+    layers = None
+    if static.unstack:
+        layers = [nnx.merge(layer_def, nnx.from_flat_state(list(zip(layer_paths, w, strict=True))))
+                  for w in layer_weights]
+    elif model.language_model.unrolled():
+        layers = model.language_model.split_layers()
+    logits, cache, pos, kv_valid = _prefill(model, prompt, layers, static)
     B, N = logits.shape[0], static.max_new
     init = _SamplingState(
         step=jnp.int32(0), logits=logits, cache=cache, positions=pos,
@@ -204,14 +211,21 @@ def _program(graphdef, paths, weights, prompt: _Prompt, rng, temperature, top_p,
         done=jnp.zeros((B,), bool), tokens=jnp.full((B, N), static.pad_id, jnp.int32),
         logprobs=jnp.zeros((B, N), jnp.float32), lengths=jnp.zeros((B,), jnp.int32),
     )
-    final = _decode_loop(model, init, kv_valid, prompt, temperature, top_p, constraint, static)
+    final = _decode_loop(model, layers, init, kv_valid, prompt, temperature, top_p, constraint, static)
     return GenerateOutput(final.tokens, final.lengths, final.logprobs)
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(graphdef, paths: tuple) -> Any:
+def _compiled(graphdef, paths: tuple, layer_def, layer_paths: tuple) -> Any:
     """One jitted program per model graph (hashed once here, not on every call)."""
-    return jax.jit(functools.partial(_program, graphdef, paths), static_argnames=("static",))
+    return jax.jit(functools.partial(_program, graphdef, paths, layer_def, layer_paths),
+                   static_argnames=("static",))
+
+
+@functools.lru_cache(maxsize=16)
+def _unstacker(n_layers: int) -> Any:
+    """Stacked [L, ...] weights -> L tuples of per-layer arrays, one jitted copy."""
+    return jax.jit(lambda stacked: tuple(tuple(a[i] for a in stacked) for i in range(n_layers)))
 
 
 def _split_constraint(constraint: Any) -> tuple[Any, list]:
@@ -244,16 +258,25 @@ class Sampler:
     (which modules and variables there are, and the model's config) is taken once: after replacing a
     submodule or a variable object, or after `resize_token_embeddings` (it replaces the config), call
     `refresh()`; a call notices a replaced config and raises rather than run the old graph.
+
+    ``unstack_layers`` (default: where the model's stacked layers run unrolled, i.e. on the CPU) keeps
+    per-layer copies of the stacked weights, made once per weight version, so that no call copies them
+    again; else a call that runs the layers unrolled splits the stacks once, before its decode loop.
     """
 
-    def __init__(self, model: Qwen2_5_VLModel):
+    def __init__(self, model: Qwen2_5_VLModel, unstack_layers: bool | None = None):
         self.model = model
+        self.unstack_layers = unstack_layers
         self.refresh()
 
     def refresh(self) -> None:
         """Re-walk the model's graph (after structural changes)."""
         graphdef, state = nnx.split(self.model)
         paths = tuple(path for path, _ in nnx.to_flat_state(state))
+        layer_def, layer_state = nnx.split(self.model.language_model.layers)
+        layer_paths = tuple(path for path, _ in nnx.to_flat_state(layer_state))
+        self._layer_index = tuple(paths.index(("language_model", "layers", *p)) for p in layer_paths)
+        self._unstacked: tuple | None = None  # (weak refs to the stacked arrays, their per-layer copies)
         live = {path: v for path, v in nnx.iter_graph(self.model) if isinstance(v, nnx.Variable)}
         self._variables = tuple(live[p] for p in paths)
         # A variable with get-hooks or an array ref must go through get_value; plain arrays are read raw.
@@ -262,7 +285,7 @@ class Sampler:
             for v in self._variables
         )
         self._config = self.model.config
-        self._run = _compiled(graphdef, paths)
+        self._run = _compiled(graphdef, paths, layer_def, layer_paths)
 
     def stale(self) -> bool:
         """Whether the model's config was replaced since the graph was taken (``refresh`` needed)."""
@@ -277,6 +300,15 @@ class Sampler:
         if self._raw:
             return tuple(v.get_raw_value() for v in self._variables)
         return tuple(v.get_value() for v in self._variables)
+
+    def _layer_weights(self, weights: tuple) -> tuple:
+        """Per-layer copies of the stacked layer weights, remade only when one of those arrays is replaced."""
+        stacked = tuple(weights[i] for i in self._layer_index)
+        kept = self._unstacked
+        if kept is None or any(ref() is not a for ref, a in zip(kept[0], stacked, strict=True)):
+            n = self._config.text.num_hidden_layers
+            self._unstacked = kept = (tuple(weakref.ref(a) for a in stacked), _unstacker(n)(stacked))
+        return kept[1]
 
     def __call__(
         self,
@@ -303,14 +335,20 @@ class Sampler:
                 raise ValueError("Sampler: sampling (temperature > 0) needs rng=")
             rng = jax.random.key(0)
         c_static, c_leaves = _split_constraint(constraint)
+        weights = self.weights()
+        unstack = self.unstack_layers
+        if unstack is None:
+            unstack = self.model.language_model.unrolled()
+        unstack = bool(unstack) and self._config.scan_layers
         static = _Static(
             image_grid=as_grid(image_grid_thw, "image_grid_thw"),
             video_grid=as_grid(video_grid_thw, "video_grid_thw"),
             max_new=int(options.max_new_tokens), greedy=options.greedy, stop_ids=options.stop_token_ids,
-            pad_id=int(options.pad_token_id), constraint=c_static,
+            pad_id=int(options.pad_token_id), constraint=c_static, unstack=unstack,
         )
         prompt = _Prompt(ids, mask, pixel_values, pixel_values_videos, second_per_grid_ts, regime)
-        return self._run(self.weights(), prompt, rng, np.float32(options.temperature),
+        layer_weights = self._layer_weights(weights) if unstack else ()
+        return self._run(weights, layer_weights, prompt, rng, np.float32(options.temperature),
                          np.float32(options.top_p), c_leaves, static=static)
 
 

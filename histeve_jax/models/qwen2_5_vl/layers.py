@@ -84,17 +84,21 @@ class GatedMLP(nnx.Module):
         return y + c(self.down_bias) if self.bias else y
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, scale: float) -> jax.Array:
-    """Grouped-query softmax attention. q [B, T, H, D], k/v [B, S, K, D], mask bool broadcastable to
-    [B, T, S] (True = attend). Scores and softmax in float32, as HF's eager/sdpa paths."""
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, scale: float,
+              kv_layout: str = "bskd") -> jax.Array:
+    """Grouped-query softmax attention. q [B, T, H, D], k/v [B, S, K, D] (`kv_layout="bksd"`: [B, K, S, D],
+    the KV cache's layout), mask bool broadcastable to [B, T, S] (True = attend). Scores and softmax in
+    float32, as HF's eager/sdpa paths."""
     B, T, H, D = q.shape
-    K = k.shape[2]
+    K = k.shape[2] if kv_layout == "bskd" else k.shape[1]
     qg = q.reshape(B, T, K, H // K, D)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    if kv_layout not in ("bskd", "bksd"):
+        raise ValueError(f"attention: kv_layout {kv_layout!r}; expected 'bskd' or 'bksd'")
+    s = jnp.einsum(f"btkgd,{kv_layout}->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
     if mask is not None:
         s = jnp.where(mask[:, None, None], s, jnp.finfo(jnp.float32).min)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, v)
+    o = jnp.einsum(f"bkgts,{kv_layout}->btkgd", p, v)
     return o.reshape(B, T, H, D)
 
 

@@ -116,10 +116,12 @@ class Qwen2_5_VLModel(nnx.Module):
         regime: jax.Array | None = None,
         cache: KVCache | None = None,
         cache_index: jax.Array | int | None = None,
+        layers: list | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """The decoder on embeddings with explicit positions [3, B, T] and a bool mask [B, T, S]."""
+        """The decoder on embeddings with explicit positions [3, B, T] and a bool mask [B, T, S]; `layers`
+        (separate `DecoderLayer`s) unrolls it over their weights."""
         cos, sin = self.rope(position_ids)
-        return self.language_model(inputs_embeds, cos, sin, mask, regime, cache, cache_index)
+        return self.language_model(inputs_embeds, cos, sin, mask, regime, cache, cache_index, layers)
 
     # ------------------------------------------------------------------ forward
 
