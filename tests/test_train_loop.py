@@ -352,12 +352,12 @@ def test_world_knowledge_stage_trains_and_imitation_starts_from_its_latest_weigh
     c = world_knowledge.get_config("tiny")
     c.synthetic.train_size, c.synthetic.eval_size = 16, 4
     c.data.batch_size, c.num_train_steps, c.optimizer.warmup_steps = 4, 4, 1
-    c.log_every, c.eval_every, c.eval_batches, c.checkpoint_every, c.progress_bar = 1, 4, 1, 2, False
+    c.log_every, c.eval_every, c.checkpoint_every, c.progress_bar = 1, 0, 2, False  # eval: the demo runs
     wk_dir = str(tmp_path / "wk")
     wk = _train(c, wk_dir)
     assert sorted(wk) == [1, 2, 3, 4] and all(np.isfinite(wk[s]["loss"]) for s in wk)
     # Text answers, no action tokens (accuracies of absent token groups are not logged).
-    assert "acc/other" in wk[1] and "acc/type" not in wk[1] and np.isfinite(wk[4]["eval/loss"])
+    assert "acc/other" in wk[1] and "acc/type" not in wk[1]
     assert sorted(os.listdir(os.path.join(wk_dir, "checkpoints"))) == ["2", "4"]
     # Imitation from it (the tiny run's program, compiled already): its first step is at learning rate 0
     # (the warm-up starts there), so its step-1 checkpoint holds the parameters it started from.
