@@ -23,8 +23,11 @@ from histeve_jax.harness.schemas import load_schemas
 def test_injected_failures_lead_to_replanning_and_the_goal(tmp_path):
     env = FailureInjector(make("luanti", obs_size=(56, 56)), [
         Injection("teleport", when={"pickup": {"default:tree": ">=1"}}, teleport=(-8.0, 8.5, -8.0), delay=2),
-        Injection("take_sticks", when={"craft_item": {"default:stick": ">=4"}}, take={"default:stick": 99},
-                  delay=3)])
+        # Armed when the sticks and planks for the pickaxe are in the inventory (the sticks invocation has
+        # just verified), fired 3 steps into the pickaxe invocation. Arming on the stick craft instead made
+        # a race: taken while the sticks invocation still ran, the expert crafted them again inside it.
+        Injection("take_sticks", when={"inventory": {"default:stick": ">=4", "default:wood": ">=3"}},
+                  take={"default:stick": 99}, delay=3)])
     agent = HarnessAgent(RulesPlanner(), ExpertExecutor(), load_schemas())
     try:
         res = run_episode(env, load_task("wooden_pickaxe"), 0, agent, max_steps=3000)
