@@ -3,6 +3,7 @@
     python -m experiments.plan                                          # 7B imitation step, v5p-128, FSDP 64
     python -m experiments.plan --config=experiments/configs/plan.py:qwen7b --mesh=data=2,fsdp=32
     python -m experiments.plan --config.train.model.remat=none          # FLOPs without recomputation
+    python -m experiments.plan --config=experiments/configs/plan.py:rl_qwen7b   # the RL learner's step
 
 It lowers and compiles the jitted train step (policy forward, action loss, backward, clipped AdamW update)
 over a mesh of simulated CPU devices, with abstract state and batch that carry their shardings, then prints
@@ -306,10 +307,30 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     }
 
 
+def plan_rl(config: Any, mesh_flag: str = "") -> dict[str, float]:
+    """The RL learner's step (``histeve_jax.rl.plan.rl_plan``) of ``config`` (a ``:rl_*`` variant)."""
+    import jax
+
+    if jax.config.jax_num_cpu_devices < config.num_devices:
+        jax.config.update("jax_num_cpu_devices", config.num_devices)
+    from histeve_jax.parallel import mesh as mesh_lib
+    from histeve_jax.rl.plan import rl_plan
+    from histeve_jax.rl.spec import RLSpec
+
+    ici = mesh_lib.parse_mesh_flag(mesh_flag) if mesh_flag else dict(config.mesh.ici)
+    mesh = mesh_lib.make_mesh(ici, devices=jax.devices()[: config.num_devices])
+    out = rl_plan(config.train, RLSpec.from_config(config.rl), mesh, config.hbm_bytes, verbose=True)
+    print(f"hbm_fraction_v5p={out['hbm_fraction']:.3f} (budget {config.hbm_budget})")
+    return out
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    plan(flags.FLAGS.config, _MESH.value)
+    if "rl" in flags.FLAGS.config:
+        plan_rl(flags.FLAGS.config, _MESH.value)
+    else:
+        plan(flags.FLAGS.config, _MESH.value)
 
 
 if __name__ == "__main__":

@@ -30,3 +30,24 @@ def test_tiny_plan_compiles_the_imitation_step_on_8_devices_and_prints_its_figur
     last = dict(kv.split("=") for kv in out.strip().splitlines()[-1].split())
     assert set(last) == {"hbm_fraction_v5p", "flops_ratio"} and float(last["flops_ratio"]) == ratio
     assert 0 <= float(last["hbm_fraction_v5p"]) < 0.6  # the config's hbm_budget
+
+
+def test_tiny_rl_plan_compiles_the_learner_step_with_its_reference_and_mixed_batch():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0 "
+                        "--xla_llvm_disable_expensive_passes=true").strip()
+    cmd = [sys.executable, "-m", "experiments.plan", "--config=experiments/configs/plan.py:rl_tiny"]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.strip().splitlines()
+    # experiments/configs/rl.py:tiny: 16 GRPO rows, 1 DPO pair x 2 x a 4-step window, 4 replay rows
+    head = "RL step on {'data': 1, 'fsdp': 4, 'tensor': 1}: batch 28 (GRPO 16, DPO 8, replay 4) x 80"
+    assert out[-2].startswith(head), out[-2]
+    gb = {k: float(v) for k, v in re.findall(r"'(\w+_bytes)': '([-+.e\d]+) GB'", out[-2])}
+    assert set(gb) >= {"params_bytes", "opt_bytes", "reference_bytes", "peak_bytes"}
+    assert gb["reference_bytes"] == gb["params_bytes"] > 0  # the reference: params only, sharded alike
+    # AdamW's two moments (and its count) per parameter; the peak holds policy, moments and reference
+    assert 1.99 * gb["params_bytes"] <= gb["opt_bytes"] < 2.1 * gb["params_bytes"]
+    assert gb["peak_bytes"] >= 4 * gb["params_bytes"]
+    frac = re.fullmatch(r"hbm_fraction_v5p=([\d.]+) \(budget 0.6\)", out[-1])
+    assert frac and 0 <= float(frac.group(1)) < 0.6

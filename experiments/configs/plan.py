@@ -3,24 +3,48 @@
 ``:qwen7b`` (default) is the imitation stage's 7B step on a v5p-128 (64 chips, pure FSDP); ``:tiny`` is
 the tiny policy on 8 simulated devices, for tests. The stage's own config lives under ``train``, so the
 plan compiles exactly what ``experiments.imitation`` runs (override e.g. ``--config.train.model.remat=none``).
+
+``:rl_qwen7b`` / ``:rl_tiny`` plan the RL learner's step (``histeve_jax.rl.plan``: the policy with its
+optimizer state, the frozen reference, the mixed GRPO/DPO/replay batch of ``experiments.rl``'s ``rl`` group):
+``train`` is then the learner's train config as ``rl.driver.learner_config`` derives it from the start run
+(the imitation config of the same shape, with RL's batch size and the learner's microbatches).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from experiments.configs import imitation
+from experiments.configs import imitation, rl
 
 V5P_HBM_BYTES = 95e9  # per chip
 V5P_BF16_FLOPS = 459e12  # per chip, peak
 
 
+VARIANTS = ("qwen7b", "tiny", "rl_qwen7b", "rl_tiny")
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variant = arg or "qwen7b"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown plan config variant {variant!r}; choose one of {VARIANTS}")
+    shape = variant.removeprefix("rl_")
     c = ml_collections.ConfigDict()
     c.variant = variant
-    c.train = imitation.get_config(variant)
-    c.num_devices = 64 if variant == "qwen7b" else 8  # simulated CPU devices = chips of the target slice
+    c.train = imitation.get_config(shape)
+    if variant.startswith("rl_"):
+        run = rl.get_config(shape)
+        c.rl = run.rl
+        c.rl.reference = run.start_run  # what the driver fills in; the plan reads neither path
+        c.rl.replay_dirs = f"{run.start_run}/data/train"
+        learner = run.learner
+        c.train.stage = "rl"
+        c.train.microbatches = learner.microbatches
+        from histeve_jax.rl.spec import RLSpec
+
+        c.train.data.batch_size = RLSpec.from_config(c.rl).batch_size  # GRPO + DPO + replay rows
+    c.num_devices = 64 if shape == "qwen7b" else 8  # simulated CPU devices = chips of the target slice
+    if variant == "rl_tiny":
+        c.num_devices = 4  # the tiny RL batch, 16 + 8 + 4 = 28 rows, splits 4 ways, not 8
     c.mesh = ml_collections.ConfigDict({"ici": {"data": 1, "fsdp": -1, "tensor": 1}})
     c.hbm_bytes = V5P_HBM_BYTES
     c.hbm_budget = 0.6  # the step must fit in this fraction of one chip's HBM

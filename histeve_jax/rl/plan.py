@@ -92,9 +92,8 @@ def rl_plan(train_config: Any, rl: RLSpec, mesh: Any, hbm_bytes: float, *, scan_
            float(rm.argument_size_in_bytes + rm.temp_size_in_bytes), "peak_bytes": max(train_peak, ref_peak)}
     out["hbm_fraction"] = out["peak_bytes"] / hbm_bytes
     if verbose:
-        gb = {k: f"{v / 1e9:.2f} GB" for k, v in out.items() if k.endswith("bytes")}
+        gb = {k: f"{v / 1e9:.4g} GB" for k, v in out.items() if k.endswith("bytes")}
         print(f"RL step on {dict(mesh.shape)}: batch {rl.batch_size} (GRPO {rl.rl_rows}, DPO {rl.pair_rows}, "
               f"replay {rl.replay_rows}) x {spec.data.max_len}, microbatches {spec.loop.microbatches}; "
               f"per device {gb}")
-        print(f"rl_hbm_fraction_v5p={out['hbm_fraction']:.3f}")
     return out
