@@ -12,8 +12,11 @@ partial export ever has the final name):
   frame size), ``histeve_actions.json`` + ``action_grammar.npz`` (+ ``id_map.npy`` for tiny models):
   ``export.action_tables``.
 
-A completion detector does not exist in this codebase yet; when runs have one it belongs in a
-``detector/`` sub-directory named by ``histeve_actions.json``'s ``detector`` key.
+With ``detector=`` (``--detector=<detector run>``: a detector run is its own workdir, pointing at the policy
+run it read; ``export.detector_export``), the completion detector is ``detector/`` (its ``config.json``,
+safetensors and ``modeling_histeve_detector.py``), named by the ``detector`` key of ``config.json``'s
+``histeve`` block and of ``histeve_actions.json``; a detector that does not read the exported policy is
+refused (one line naming both).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from histeve_jax.export import action_tables, hf_tensors
+from histeve_jax.export import action_tables, detector_export, hf_tensors
 
 MODELING_FILE = "modeling_histeve.py"
 ACTION_FILE = "histeve_action.py"
@@ -66,11 +69,13 @@ def hf_config(model_config: Any, *, dtype: str, histeve: dict[str, Any]) -> dict
 
 def export_policy(policy: Any, tokenizer: Any, out: str, *, id_map: np.ndarray | None = None,
                   stride: int = 1, dtype: str | None = None, max_shard_size: int | str = "5GB",
-                  overwrite: bool = False, source: dict[str, Any] | None = None) -> str:
+                  overwrite: bool = False, source: dict[str, Any] | None = None,
+                  detector: detector_export.DetectorRun | None = None) -> str:
     """Writes the exported directory of ``policy`` (a ``histeve_jax.policy.Policy``) to ``out``.
 
     ``tokenizer``: the one the policy was trained with (action tokens added); ``id_map``: tokenizer id ->
-    model id for tiny models; ``dtype``: the weights' dtype (default: the parameters'). Returns ``out``.
+    model id for tiny models; ``dtype``: the weights' dtype (default: the parameters'); ``detector``: a
+    detector run's detector that reads this policy (``detector_export.load_detector_run``). Returns ``out``.
     """
     from transformers import Qwen2VLImageProcessorPil
 
@@ -92,6 +97,8 @@ def export_policy(policy: Any, tokenizer: Any, out: str, *, id_map: np.ndarray |
     tables = action_tables.action_tables(config, tok_vocab, id_map=id_map, stride=stride)
     histeve = {"source": source or {}, "codebook": config.codebook, "actions": action_tables.ACTIONS_FILE,
                "action_module": ACTION_FILE}
+    if detector is not None:
+        histeve["detector"] = tables["detector"] = detector_export.SUBDIR
 
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
@@ -112,6 +119,9 @@ def export_policy(policy: Any, tokenizer: Any, out: str, *, id_map: np.ndarray |
         np.savez_compressed(os.path.join(tmp, action_tables.GRAMMAR_FILE), **grammar)
         if id_map is not None:
             np.save(os.path.join(tmp, action_tables.ID_MAP_FILE), np.asarray(id_map, np.int32))
+        if detector is not None:
+            detector_export.write_detector(detector, config, tmp, dtype=dtype, np_dtype=np_dtype,
+                                           max_shard_size=max_shard_size)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -139,14 +149,22 @@ def _bfloat16() -> Any:
 
 
 def export_run(run: str, out: str, *, step: int | None = None, dtype: str | None = None,
-               max_shard_size: int | str = "5GB", overwrite: bool = False) -> str:
-    """Exports a run's workdir (its ``config.json`` and latest or given checkpoint) to ``out``."""
+               max_shard_size: int | str = "5GB", overwrite: bool = False, detector: str | None = None,
+               detector_step: int | None = None) -> str:
+    """Exports a run's workdir (its ``config.json`` and latest or given checkpoint) to ``out``, with the
+    completion detector of the detector run ``detector`` (its latest or ``detector_step`` checkpoint)."""
     from histeve_jax.eval.policy_agent import load_run
 
     check_out_dir(os.path.abspath(out), overwrite)  # before the (slow) restore
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     loaded = load_run(run, step)
+    det = None
+    if detector:
+        det = detector_export.load_detector_run(detector, loaded.policy, policy_run=run,
+                                                policy_step=loaded.step, policy_stride=loaded.stride,
+                                                step=detector_step)
     return export_policy(loaded.policy, loaded.processor.tokenizer, out, id_map=loaded.id_map,
                          stride=loaded.stride, dtype=dtype, max_shard_size=max_shard_size,
-                         overwrite=overwrite, source={"run": os.path.abspath(run), "step": loaded.step})
+                         overwrite=overwrite, source={"run": os.path.abspath(run), "step": loaded.step},
+                         detector=det)

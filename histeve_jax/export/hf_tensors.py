@@ -24,7 +24,6 @@ import numpy as np
 from flax import nnx
 
 from histeve_jax.models.qwen2_5_vl import weights as hf_weights
-from histeve_jax.models.qwen2_5_vl.model import Qwen2_5_VLModel
 
 
 def module_name(legacy: str) -> str:
@@ -50,12 +49,19 @@ class PlannedTensor:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
 
-def plan_tensors(model: Qwen2_5_VLModel, dtype: Any = None) -> list[PlannedTensor]:
-    """Every exported tensor (name, shape, dtype) from the model's parameter shapes; nothing is read."""
+def policy_maps(cfg: Any) -> list[hf_weights.TensorMap]:
+    """The policy's tensors, each map's ``hf`` its exported (transformers 5 module path) name."""
+    return [dataclasses.replace(m, hf=module_name(m.hf)) for m in hf_weights.tensor_maps(cfg)]
+
+
+def plan_tensors(model: nnx.Module, dtype: Any = None,
+                 maps: list[hf_weights.TensorMap] | None = None) -> list[PlannedTensor]:
+    """Every exported tensor (name, shape, dtype) from the model's parameter shapes; nothing is read.
+    ``maps``: the tensors and their exported names (default: the policy's, ``policy_maps``)."""
     cfg = model.config
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     out = []
-    for m in hf_weights.tensor_maps(cfg):
+    for m in policy_maps(cfg) if maps is None else maps:
         var = flat[m.path]
         shape = tuple(var.shape[1:] if m.layer is not None else var.shape)
         if m.kind == "norm" and len(shape) == 2:
@@ -63,11 +69,11 @@ def plan_tensors(model: Qwen2_5_VLModel, dtype: Any = None) -> list[PlannedTenso
         else:
             hf_shape = hf_weights._hf_shape(cfg, m, shape)
         out_dtype = np.dtype(dtype if dtype is not None else var.dtype)
-        out.append(PlannedTensor(module_name(m.hf), tuple(int(s) for s in hf_shape), out_dtype, m))
+        out.append(PlannedTensor(m.hf, tuple(int(s) for s in hf_shape), out_dtype, m))
     return out
 
 
-def _tensor(model: Qwen2_5_VLModel, flat: dict, t: PlannedTensor) -> np.ndarray:
+def _tensor(model: nnx.Module, flat: dict, t: PlannedTensor) -> np.ndarray:
     """One planned tensor's values on the host, in its exported layout and dtype."""
     m = t.source
     value = flat[m.path].get_value()
@@ -108,13 +114,14 @@ def _header(tensors: list[PlannedTensor]) -> bytes:
     return hb + b" " * (-len(hb) % 8)
 
 
-def write_weights(model: Qwen2_5_VLModel, path: str, *, dtype: Any = None,
-                  max_shard_size: int | str = "5GB") -> list[str]:
+def write_weights(model: nnx.Module, path: str, *, dtype: Any = None, max_shard_size: int | str = "5GB",
+                  maps: list[hf_weights.TensorMap] | None = None) -> list[str]:
     """Writes the model's safetensors (and the index when sharded) into the existing directory ``path``;
-    returns the file names. ``dtype``: the exported dtype (default: each parameter's own)."""
+    returns the file names. ``dtype``: the exported dtype (default: each parameter's own); ``maps``: as
+    ``plan_tensors`` (the detector passes its own)."""
     written: list[str] = []
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-    shards = shard_plan(plan_tensors(model, dtype), max_shard_size)
+    shards = shard_plan(plan_tensors(model, dtype, maps), max_shard_size)
     names = ([hf_weights.SAFE_SINGLE] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     for fn, shard in zip(names, shards, strict=True):

@@ -11,6 +11,7 @@ transformers (no JAX, nothing from histeve_jax).
   ``input_layernorm`` and ``post_attention_layernorm`` are RS-Norms; ``forward(..., regime=[B] long)``.
   ``generate(..., regime=...)`` passes the regime to every step (it is a forward argument, so generate
   keeps it and expands it with the batch). Without ``regime`` every row uses row 0 (NG), as ours does.
+  ``hidden_states(..., regime=...)``: the final-layer states (what the completion detector reads).
 """
 
 from __future__ import annotations
@@ -105,12 +106,7 @@ class HiSteveForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         **kwargs,
     ):
         """Qwen2.5-VL's forward; ``regime`` [B] (0 = NG, 1 = GUI) picks each sequence's RS-Norm row."""
-        if regime is not None:
-            regime = torch.as_tensor(regime, dtype=torch.long, device=self.lm_head.weight.device).reshape(-1)
-            if int(regime.min()) < 0 or int(regime.max()) >= self.config.norm_regimes:
-                raise ValueError(f"HiSTEVE: regime values {regime.tolist()} outside "
-                                 f"0..{self.config.norm_regimes - 1}")
-        self._regime.value = regime
+        self._regime.value = self._check_regime(regime)
         try:
             return super().forward(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -122,6 +118,26 @@ class HiSteveForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
             )
         finally:
             self._regime.value = None
+
+    def hidden_states(self, input_ids: torch.LongTensor | None = None, *,
+                      regime: torch.LongTensor | None = None, **kwargs) -> torch.Tensor:
+        """Final-layer hidden states [B, T, E] (after the final norm, no lm_head) in ``regime``'s rows;
+        keyword arguments as ``Qwen2_5_VLModel.forward`` (e.g. ``mm_encoder_outputs`` for given image
+        embeddings). The completion detector's cross-attention context."""
+        self._regime.value = self._check_regime(regime)
+        try:
+            return self.model(input_ids=input_ids, **kwargs).last_hidden_state
+        finally:
+            self._regime.value = None
+
+    def _check_regime(self, regime: torch.LongTensor | None) -> torch.Tensor | None:
+        if regime is None:
+            return None
+        regime = torch.as_tensor(regime, dtype=torch.long, device=self.lm_head.weight.device).reshape(-1)
+        if int(regime.min()) < 0 or int(regime.max()) >= self.config.norm_regimes:
+            raise ValueError(f"HiSTEVE: regime values {regime.tolist()} outside "
+                             f"0..{self.config.norm_regimes - 1}")
+        return regime
 
 
 __all__ = ["HiSteveConfig", "HiSteveForConditionalGeneration", "HiSteveRSNorm"]
