@@ -114,6 +114,7 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     """Split, prune, train, calibrate on validation, score the test split; returns the report."""
     from histeve_jax.data import pipeline
     from histeve_jax.detector import data as data_lib
+    from histeve_jax.detector import prune
     from histeve_jax.detector.inputs import QueryInputs
     from histeve_jax.detector.loss import binary_metrics, calibrate_threshold
     from histeve_jax.detector.model import parameter_count
@@ -156,6 +157,10 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
               "final_loss": history[max(history)].get("loss")}
     with open(os.path.join(run_dir, "detector_report.json"), "w") as f:
         json.dump(report, f, indent=2)
+    # The run describes itself (the export reads it): the pruned directory's config is the backbone's, and
+    # runs with and without cross-attention share that directory.
+    with open(os.path.join(run_dir, prune.CONFIG_FILE), "w") as f:
+        json.dump(prune.config_to_dict(det_config), f, indent=2, default=str)
     return report
 
 
