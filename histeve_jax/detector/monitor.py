@@ -8,14 +8,20 @@ the probability. It signals a candidate completion when ``consecutive`` queries 
 threshold (``first_signal`` is the rule on a probability sequence), and returns control when the budget
 of steps is spent. ``MonitoredAgent`` wraps any rollout ``Agent`` with a monitor: the step it fires, the
 agent answers a no-op with ``subtask="done"``, which ``eval.rollout.run_episode`` already treats as the
-end of the episode (so the hook works with the rollout as it is).
+end of the episode (so the hook works with the rollout as it is). Its ``series["completion_prob"]`` holds
+the probability of each step it was asked to act on (None between queries), indexed like ``run_episode``'s
+records (record i is the frame the agent saw at its i-th ``act``); ``write_episode_report`` draws it with
+the threshold against the privileged completion (the records' ``completed``), so a reader sees where the
+detector fired against where the task really completed. The rollout's ``Decision`` carries no metadata, so
+the probabilities live in the agent's series, not in the step records.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -134,21 +140,70 @@ class CompletionMonitor:
 
 class MonitoredAgent:
     """A rollout ``Agent`` whose invocation the detector ends: after each observation the monitor decides;
-    when it fires, the agent answers a no-op with ``subtask="done"`` (``run_episode`` stops there)."""
+    when it fires, the agent answers a no-op with ``subtask="done"`` (``run_episode`` stops there).
+    ``series["completion_prob"][i]`` is the probability queried on the i-th observation (None: no query);
+    ``stopped`` is the monitor's step that ended the invocation (its ``step`` and ``reason``), or None."""
+
+    SERIES = "completion_prob"
 
     def __init__(self, agent: Any, monitor: CompletionMonitor):
         self.agent, self.monitor = agent, monitor
         self.name = f"{getattr(agent, 'name', type(agent).__name__)}+detector"
+        self.series: dict[str, list[float | None]] = {self.SERIES: []}
+
+    @property
+    def stopped(self) -> MonitorStep | None:
+        """The monitor step that ended the invocation (``.step``, ``.reason``: detector/budget), or None."""
+        return self.monitor.stopped
 
     def reset(self, task: Any, obs: dict, info: dict, seed: int) -> None:
         self.agent.reset(task, obs, info, seed)
         self.monitor.reset(task.text, int(bool(info.get("is_gui_open", False))))
+        self.series = {self.SERIES: []}
 
     def act(self, obs: dict, info: dict) -> Any:
         from histeve_jax.envs.base import noop_action
         from histeve_jax.eval.rollout import Decision
 
+        # Asked again after it stopped (a caller that ignores "done"): no new query on this step.
+        was_stopped = self.monitor.stopped is not None
         m = self.monitor.observe(obs["image"], info)
+        self.series[self.SERIES].append(None if was_stopped else m.probability)
         if m.stop:
             return Decision(action=noop_action(), subtask="done", text=f"detector: {m.reason}")
         return self.agent.act(obs, info)
+
+
+def episode_series(series: Mapping[str, Sequence[float | None]], records: Sequence[Any]) -> dict[str, list]:
+    """The agent's per-act ``series`` padded with None to one value per record (the last record, the frame
+    after the last action, has no act), plus ``privileged_completion``: each record's ``completed`` (0/1)."""
+    n = len(records)
+    out: dict[str, list] = {}
+    for name, values in series.items():
+        if len(values) > n:
+            raise ValueError(f"episode_series: series {name!r} has {len(values)} values for {n} records")
+        out[name] = list(values) + [None] * (n - len(values))
+    out["privileged_completion"] = [float(r.completed) for r in records]
+    return out
+
+
+def write_episode_report(records: Sequence[Any], path: str | os.PathLike, agent: MonitoredAgent, *,
+                         title: str = "", summary: Mapping[str, Any] | None = None,
+                         events: Sequence[Mapping[str, Any]] = ()) -> str:
+    """``eval.report.write_report`` of a monitored episode: the detector's probability curve with its
+    threshold, the privileged completion as a second series, and the stop (step, reason) as an event."""
+    from histeve_jax.eval.report import write_report
+
+    o, stop = agent.monitor.options, agent.stopped
+    done = [r.step for r in records if r.completed]
+    facts = {"detector": f"every {o.every} steps, {o.consecutive} consecutive >= {o.threshold:.4g}, "
+                         f"budget {o.budget or 'none'}",
+             "stopped": f"step {stop.step} ({stop.reason})" if stop else "no",
+             "privileged check first holds": f"step {done[0]}" if done else "never", **(summary or {})}
+    evs = list(events)
+    if stop is not None:
+        evs.append({"step": stop.step, "kind": "detector", "title": f"invocation ends: {stop.reason}",
+                    "payload": {"step": stop.step, "reason": stop.reason, "probability": stop.probability}})
+    return write_report(records, path, title=title, summary=facts,
+                        series=episode_series(agent.series, records), thresholds={agent.SERIES: o.threshold},
+                        events=evs)
