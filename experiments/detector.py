@@ -182,8 +182,11 @@ def plan(cfg: Any) -> dict:
         pc = PolicyConfig(base=base, history_frames=3, image_size=tuple(t.data.image_size))
     else:
         pc = tiny_config(history_frames=1, image_size=tuple(t.data.image_size))
+    # layer_loop "scan": the TPU program's loop ("auto" unrolls on the CPU backend this compiles on).
+    pc = dataclasses.replace(pc, base=pc.base.replace(layer_loop="scan"))
     det = template_of(cfg, pc)
-    det = det.replace(base=det.base.replace(dtype=jax.numpy.dtype(t.model.dtype), remat=t.model.remat))
+    det = det.replace(base=det.base.replace(dtype=jax.numpy.dtype(t.model.dtype), remat=t.model.remat,
+                                            layer_loop="scan"))
     mesh = mesh_lib.make_mesh(dict(cfg.plan.ici), devices=jax.devices()[: cfg.plan.num_devices])
     counts = parameter_count(det)
     fig = plan_step(run_spec(cfg, "/tmp/detector_plan"), det, pc, mesh, cfg.plan.hbm_bytes)

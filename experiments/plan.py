@@ -54,7 +54,9 @@ def policy_config(spec: Any) -> Any:
     from histeve_jax.train import setup
 
     cfg = setup.policy_config(spec, named_base=True)
-    return dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=True))
+    # layer_loop "scan": the TPU program's loop. "auto" would unroll the layers here (the CPU backend), and
+    # the plan would measure the unrolled program's memory and count its layers twice.
+    return dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=True, layer_loop="scan"))
 
 
 def abstract_batch(cfg: Any, batch_size: int, seq_len: int) -> dict[str, Any]:
@@ -253,7 +255,8 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
     tokens = B * L
 
     print(
-        f"mesh {shape} ({n} simulated devices), rules axes.RULES, remat '{cfg.base.remat}', "
+        f"mesh {shape} ({n} simulated devices), rules axes.RULES, layer loop {cfg.base.layer_loop}, "
+        f"remat '{cfg.base.remat}', "
         f"compute {spec.model.dtype}, params {spec.model.param_dtype}, microbatches {spec.loop.microbatches}"
     )
     print(

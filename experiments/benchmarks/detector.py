@@ -89,9 +89,10 @@ def premature_stops(cfg: Any, report: dict, test_dir: str) -> tuple[int, int]:
         if not done:
             continue
         total += 1
-        monitor.reset(recs[0].instruction)
+        monitor.reset(recs[0].instruction, int(recs[0].is_gui_open))
         for r in recs:
-            m = monitor.observe(R.decode_frame(r.frame))
+            # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
+            m = monitor.observe(R.decode_frame(r.frame), {"is_gui_open": r.is_gui_open})
             if m.stop:
                 early += m.step < done[0]
                 break

@@ -57,7 +57,8 @@ def rl_plan(train_config: Any, rl: RLSpec, mesh: Any, hbm_bytes: float, *, scan_
 
     spec = RunSpec.from_config(train_config)
     cfg = setup.policy_config(spec, named_base=True)
-    cfg = dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=scan_layers))
+    # layer_loop "scan": the TPU program's loop ("auto" unrolls on the CPU backend this compiles on).
+    cfg = dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=scan_layers, layer_loop="scan"))
     stage = rl_stage(spec, rl, cfg)
     rules = axes.RULES
     tx, schedule = optimizer.make_optimizer(spec.optimizer)
