@@ -21,8 +21,9 @@ def test_tiny_plan_compiles_the_imitation_step_on_8_devices_and_prints_its_figur
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
     # layer loop scan: the TPU program (the CPU backend would otherwise unroll the stacked layers)
-    assert out.splitlines()[0].startswith("mesh data=1 fsdp=8 tensor=1 (8 simulated devices), rules axes.RULES, "
-                                          "layer loop scan,")
+    first = out.splitlines()[0]
+    assert first.startswith("mesh data=1 fsdp=8 tensor=1 (8 simulated devices), rules axes.RULES, "
+                            "layer loop scan,"), first
     # imitation.py:tiny: batch 8 x max_len 80, one history frame + the current one, 56x56 -> 4 image tokens
     assert "batch 8 x 80 tokens (2 frames x 4 image tokens, 56x56 px)" in out
     assert "cost_analysis counts per device (probe: sharded/unsharded matmul FLOPs = 0.1250" in out
