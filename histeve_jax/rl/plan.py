@@ -5,10 +5,10 @@ Two programs run one after the other on the same chips every step, with the poli
 params and the batch resident throughout: the reference's forward (``learner.Reference``) and the train
 step (``rl.loss.rl_loss`` through ``train.step``). The per-device peak is therefore the larger of
 ``train step (arguments + outputs - aliased + temporaries) + reference params`` and
-``reference forward (arguments + temporaries) + policy state``. ``experiments/plan.py`` can call
-``rl_plan(config.train, rl, mesh, hbm_bytes)`` with the learner's train config (``driver.learner_config``
-of a start run, or a stage config with the RL batch size) and prints its figures; XLA:CPU's memory analysis
-is an estimate of XLA:TPU's, as for the imitation plan.
+``reference forward (arguments + temporaries) + policy state``. ``python -m experiments.plan
+--config=experiments/configs/plan.py:rl_qwen7b`` calls ``rl_plan`` with the learner's train config (the
+imitation config of that shape with RL's batch size and microbatches) and prints its figures; XLA:CPU's
+memory analysis is an estimate of XLA:TPU's, as for the imitation plan.
 """
 
 from __future__ import annotations
