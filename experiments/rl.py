@@ -7,10 +7,11 @@
         --config.ray_address=auto --config.task=craft_planks                                 # Ray head
 
 Starts from ``config.start_run`` (the imitation main job; run first when it has no checkpoint), picks the
-weakest atomic task of its evaluation (or ``config.task``), evaluates it on held-out seeds, trains with branch
-groups for ``config.train_minutes`` (learner in its own process, games on a local Ray), evaluates again on
-the same seeds. The last line: ``task=... success_before=... success_after=... groups=... skipped_groups=...
-max_policy_lag=...``. The library is ``histeve_jax.rl``.
+weakest atomic task of its evaluation that the policy completes at all (``rl.driver.weakest_task``; or
+``config.task``), evaluates it on held-out seeds, trains with branch groups for ``config.train_minutes``
+(learner in its own process, games on a local Ray), evaluates again on the same seeds. The last line:
+``task=... success_before=... success_after=... groups=... skipped_groups=... max_policy_lag=...``.
+The library is ``histeve_jax.rl``.
 """
 
 from __future__ import annotations

@@ -90,3 +90,19 @@ def test_rl_spec_batch_layout_and_errors():
         RLSpec.from_config({"rollout_dir": "/r", "reference": "/s", "rl_rowz": 3})
     with pytest.raises(ValueError, match="replay_dirs"):
         dataclasses.replace(spec, replay_dirs=())
+
+
+def test_the_weakest_task_is_the_weakest_with_some_success_and_never_long_horizon():
+    from histeve_jax.rl.driver import weakest_task
+
+    def summary(rates):
+        rows = {t: {"success_rate": r} for t, r in rates.items()}
+        return {"tasks": list(rates), "results": {"policy": rows}}
+
+    # craft_planks at 0 gives groups no spread: the weakest task with successes is taken (ties: first)
+    assert weakest_task(summary({"place_dirt": 0.7, "mine_dirt": 0.7, "build_wall": 0.9,
+                                 "craft_planks": 0.0})) == "place_dirt"
+    assert weakest_task(summary({"place_dirt": 0.9, "mine_dirt": 0.3, "craft_planks": 0.0})) == "mine_dirt"
+    # all at 0: the first of the weakest; a long-horizon task is never picked
+    assert weakest_task(summary({"wooden_pickaxe": 0.0, "place_dirt": 0.0, "mine_dirt": 0.0})) == "place_dirt"
+    assert weakest_task(summary({"wooden_pickaxe": 0.1, "place_dirt": 0.5})) == "place_dirt"
