@@ -219,7 +219,9 @@ def test_greedy_act_equals_transformers_generate_under_the_grammar(qwen_tiny_dir
     import copy
 
     import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
+    from transformers import LogitsProcessorList
+
+    from histeve_jax.export.histeve_action import ActionGrammarProcessor
 
     _, hf, d = qwen_tiny_dir
     config = tiny_config(history_frames=1)
@@ -234,25 +236,15 @@ def test_greedy_act_equals_transformers_generate_under_the_grammar(qwen_tiny_dir
     ours = ActionSampler(policy)(ids, am, pv, regimes, jax.random.key(0), greedy=True)
     tokens = ours.tokens
 
+    # The exported torch act's processor (histeve_action.py), over our grammar's tables: it replays each
+    # row's automaton from its regime's start state over the tokens generated so far.
     g = grammar_of(config)
-    allowed, nxt = torch.tensor(np.asarray(g.allowed)), np.asarray(g.next_state)
+    allowed, nxt = torch.tensor(np.asarray(g.allowed)), torch.tensor(np.asarray(g.next_state)).long()
     start = np.asarray(G.start_state(jnp.asarray([0, 1])))
     end = config.vocab.id_of(config.vocab.slots.end)
 
-    class Grammar(LogitsProcessor):
-        """The same automaton, replayed over each row's tokens generated so far."""
-
-        def __init__(self, prompt_len: int, regime: int):
-            self.prompt_len, self.regime = prompt_len, regime
-
-        def __call__(self, input_ids, scores):
-            out = scores.clone()
-            for b, row in enumerate(input_ids[:, self.prompt_len :].tolist()):
-                state = int(start[self.regime])
-                for t in row:
-                    state = int(nxt[state, t])
-                out[b, ~allowed[state]] = -float("inf")
-            return out
+    def grammar(prompt_len: int, regime: int, rows: int) -> ActionGrammarProcessor:
+        return ActionGrammarProcessor(allowed, nxt, torch.full((rows,), int(start[regime])), prompt_len)
 
     P, F = config.patches_per_image, config.num_frames
     grid = np.asarray(config.image_grid(len(regimes) * F))
@@ -278,7 +270,7 @@ def test_greedy_act_equals_transformers_generate_under_the_grammar(qwen_tiny_dir
                 image_grid_thw=t(grid[images]).long(),
                 mm_token_type_ids=t((ids[rows] == base.image_token_id).astype(np.int64)),
                 max_new_tokens=config.vocab.max_len, do_sample=False, eos_token_id=end, pad_token_id=end,
-                logits_processor=LogitsProcessorList([Grammar(ids.shape[1], r)]),
+                logits_processor=LogitsProcessorList([grammar(ids.shape[1], r, len(rows))]),
                 output_scores=True, return_dict_in_generate=True,
             )
         got = out.sequences[:, ids.shape[1] :].numpy()

@@ -39,11 +39,12 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
     import torch
-    from transformers import LogitsProcessor, LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
+    from transformers import LogitsProcessorList, Qwen2_5_VLForConditionalGeneration
     from transformers import Qwen2_5_VLConfig as HFConfig
 
     from histeve_jax.actions import grammar as G
     from histeve_jax.data.image_processing import VisionPreprocessConfig, process_images
+    from histeve_jax.export.histeve_action import ActionGrammarProcessor
     from histeve_jax.policy import ActionSampler, Policy, decode_actions, grammar_of, tiny_config
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -79,22 +80,11 @@ def main() -> None:
     vocab = config.vocab
     end = vocab.id_of(vocab.slots.end)
     g = grammar_of(config)
-    allowed, nxt = torch.tensor(np.asarray(g.allowed)), np.asarray(g.next_state)
-
-    class Grammar(LogitsProcessor):
-        """The same automaton, replayed over the tokens generated so far."""
-
-        def __init__(self, prompt_len: int, regime: int):
-            self.prompt_len, self.regime = prompt_len, regime
-
-        def __call__(self, input_ids, scores):
-            out = scores.clone()
-            for b, row in enumerate(input_ids[:, self.prompt_len :].tolist()):
-                s = self.regime
-                for t in row:
-                    s = int(nxt[s, t])
-                out[b, ~allowed[s]] = -float("inf")
-            return out
+    # the exported torch act's grammar processor, over our grammar's tables (start state = the regime)
+    grammar = ActionGrammarProcessor(torch.tensor(np.asarray(g.allowed)),
+                                     torch.tensor(np.asarray(g.next_state)).long(),
+                                     torch.tensor(np.asarray(G.start_state(jnp.asarray(regime)))).long(),
+                                     ids.shape[1])
 
     key = jax.random.key(0)
     sampler = ActionSampler(policy)
@@ -107,7 +97,7 @@ def main() -> None:
             return hf.generate(
                 input_ids=t_ids, attention_mask=t_am, pixel_values=t_pv, image_grid_thw=t_grid,
                 max_new_tokens=vocab.max_len, do_sample=False, eos_token_id=end, pad_token_id=end,
-                logits_processor=LogitsProcessorList([Grammar(ids.shape[1], int(regime[0]))]),
+                logits_processor=LogitsProcessorList([grammar]),
             )[:, ids.shape[1] :].numpy()
 
     a, b = ours()[0], theirs()[0]
