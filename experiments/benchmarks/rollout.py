@@ -85,6 +85,21 @@ def act_ms(workdir: str) -> tuple[float, float]:
             ts.append(time.perf_counter() - t)
         return 1e3 * float(np.median(ts))
 
+    # Where a call's time goes, per row count: preprocessing, the compiled sampling program, token decoding
+    # (the rest of `sample` is its fixed Python).
+    from histeve_jax.policy import decode_actions
+    from histeve_jax.policy.observations import regime_array
+
+    for n in (1, 2):
+        o, reg = obs[:n], regime_array(list(range(n)))
+        inp = loaded.inputs(o, n)
+        program = lambda: loaded.sampler(inp["input_ids"], inp["attention_mask"], inp["pixel_values"], reg,  # noqa: B023
+                                         key, temperature=1.0, greedy=False)
+        toks = program().tokens
+        parts = {"preprocess": median_ms(lambda: loaded.inputs(o, n)), "program": median_ms(program),  # noqa: B023
+                 "decode": median_ms(lambda: decode_actions(loaded.config, toks)),  # noqa: B023
+                 "sample": median_ms(lambda: loaded.sample(o, list(range(n)), key, batch=n))}  # noqa: B023
+        print(f"act, {n} row(s): " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items()))
     return median_ms(batched), median_ms(single)
 
 
