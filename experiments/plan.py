@@ -201,21 +201,29 @@ def decoder_layer_flops(config: Any, cfg: Any, mesh: Any) -> tuple[float, float]
     return flops[1] - flops[0], seconds
 
 
-def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
-    """Compile the step described by ``config`` and return the figures it prints."""
+def simulated_mesh(config: Any, mesh_flag: str = "") -> Any:
+    """The mesh over ``config.num_devices`` simulated CPU devices (``--mesh`` or ``config.mesh.ici``)."""
     import jax
 
     # The CPU client reads this when it starts, i.e. at the first device query below.
     if jax.config.jax_num_cpu_devices < config.num_devices:
         jax.config.update("jax_num_cpu_devices", config.num_devices)
     from histeve_jax.parallel import mesh as mesh_lib
-    from histeve_jax.parallel import sharding
 
     devices = jax.devices()
     if len(devices) < config.num_devices:
         raise RuntimeError(f"plan: {len(devices)} devices, need {config.num_devices} (jax started too early)")
     ici = mesh_lib.parse_mesh_flag(mesh_flag) if mesh_flag else dict(config.mesh.ici)
-    mesh = mesh_lib.make_mesh(ici, devices=devices[: config.num_devices])
+    return mesh_lib.make_mesh(ici, devices=devices[: config.num_devices])
+
+
+def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
+    """Compile the step described by ``config`` and return the figures it prints."""
+    import jax
+
+    from histeve_jax.parallel import sharding
+
+    mesh = simulated_mesh(config, mesh_flag)
     spec = run_spec(config)
     cfg = policy_config(spec)
     B, L = spec.data.batch_size, spec.data.max_len
@@ -312,16 +320,10 @@ def plan(config: Any, mesh_flag: str = "") -> dict[str, float]:
 
 def plan_rl(config: Any, mesh_flag: str = "") -> dict[str, float]:
     """The RL learner's step (``histeve_jax.rl.plan.rl_plan``) of ``config`` (a ``:rl_*`` variant)."""
-    import jax
-
-    if jax.config.jax_num_cpu_devices < config.num_devices:
-        jax.config.update("jax_num_cpu_devices", config.num_devices)
-    from histeve_jax.parallel import mesh as mesh_lib
     from histeve_jax.rl.plan import rl_plan
     from histeve_jax.rl.spec import RLSpec
 
-    ici = mesh_lib.parse_mesh_flag(mesh_flag) if mesh_flag else dict(config.mesh.ici)
-    mesh = mesh_lib.make_mesh(ici, devices=jax.devices()[: config.num_devices])
+    mesh = simulated_mesh(config, mesh_flag)
     out = rl_plan(config.train, RLSpec.from_config(config.rl), mesh, config.hbm_bytes, verbose=True)
     print(f"hbm_fraction_v5p={out['hbm_fraction']:.3f} (budget {config.hbm_budget})")
     return out
