@@ -90,3 +90,35 @@ def test_expert_succeeds(env, name):
         assert "load_ore" in subtasks and "take_product" in subtasks
     if name == "mine_stone":
         assert info["use_item"] == {"default:pick_wood": 1}  # the tool was used to break the stone
+
+
+@pytest.mark.parametrize("hotbar_full", [False, True])
+@pytest.mark.game
+def test_an_item_outside_the_hotbar_is_moved_into_it_and_placed(env, hotbar_full):
+    """A full hotbar puts a craft's output in the main inventory (the steel pickaxe's furnace in slot 10):
+    PlaceExpert moves it into the hotbar through the inventory GUI (swapping with slot 9 when no hotbar slot
+    is free, the swapped stack going where the item was) and places it."""
+    from histeve_jax.envs.experts import PlaceExpert
+    from histeve_jax.envs.experts.core import HOTBAR
+
+    filler = [{"item": "default:cobble", "count": 1 + i, "slot": i + 1} for i in range(HOTBAR * hotbar_full)]
+    inventory = [*filler, {"item": "default:dirt", "count": 2, "slot": 12}]
+    task = task_from_dict({"name": "place_dirt", "category": "build", "text": "place a dirt block",
+                           "max_steps": 300, "init": {"pos": [0.0, 8.5, 0.0], "inventory": inventory},
+                           "success": {"place_block": {"default:dirt": ">=1"}}})
+    _, info = env.reset(seed=7, options={"task": task})
+    assert [s["type"] for s in info["inventory_slots"]][11] == "default:dirt"
+    expert = PlaceExpert(task, "default:dirt", [(0, 2)])
+    expert.reset(info)
+    for _ in range(task.max_steps):
+        action, _phase = expert.act(info)
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    assert info["success"] and info["place_block"] == {"default:dirt": 1}
+    slots = [s["type"] for s in info["inventory_slots"]]
+    dirt = slots.index("default:dirt") + 1
+    assert dirt <= HOTBAR and info["held_slot"] == dirt
+    if hotbar_full:  # swapped: the dirt in slot 9, slot 9's cobble where the dirt was, no cobble lost
+        assert dirt == HOTBAR and slots[11] == "default:cobble"
+        assert info["inventory"]["default:cobble"] == sum(range(1, HOTBAR + 1))

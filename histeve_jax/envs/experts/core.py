@@ -24,6 +24,7 @@ AIM_TOL = 1.5  # degrees
 _COL_X = [228, 254, 280, 306, 333, 359, 385, 411]
 _ROW_Y = [205, 232, 256, 280]
 SLOT_XY = {i + 1: (_COL_X[i % 8], _ROW_Y[i // 8]) for i in range(32)}
+HOTBAR = 9  # hotbar slots (the bridge mod sets nine, as in Minecraft): inventory slots 1-9
 CRAFT_XY = {(r, c): (273 + 26 * c, 91 + 24 * r) for r in range(3) for c in range(3)}
 CRAFT_OUTPUT_XY = (378, 115)
 # The furnace formspec (default.get_furnace_*_formspec) on the same render: its own main-inventory rows.
@@ -190,16 +191,54 @@ class Expert:
         yield noop_action(), subtask
 
     def select(self, item: str, subtask: str):
-        """Press the hotbar key of the slot holding `item` (it must be in the hotbar)."""
+        """Press the hotbar key of the slot holding `item`, first moving it into the hotbar if it is in the
+        main inventory (a full hotbar puts a craft's output there)."""
         slot = self.slot_of(item)
-        if slot is None or slot > 9:
-            raise RuntimeError(f"{item} is not in the hotbar (slot {slot})")
+        if slot is None:
+            raise RuntimeError(f"no {item} in the inventory")
+        if slot > HOTBAR:
+            yield from self.to_hotbar(item, subtask)
+            slot = self.slot_of(item)
         if self.info.get("held_slot") != slot:
             yield _act(**{f"hotbar.{slot}": 1}), subtask
             for _ in range(20):
                 if self.info.get("held_slot") == slot:
                     break
                 yield noop_action(), subtask
+
+    def to_hotbar(self, item: str, subtask: str):
+        """Move `item`'s stack from the main inventory into the hotbar through the inventory GUI: into the
+        first empty hotbar slot, else swapped with the last hotbar slot's stack (which goes where `item`
+        was)."""
+        opened = not self.info["is_gui_open"]
+        if opened:
+            yield from self.open_inventory()
+            yield from self.wait(2, subtask)
+        for _attempt in range(3):
+            slot = self.slot_of(item)
+            if slot is None:
+                raise RuntimeError(f"no {item} in the inventory")
+            if slot <= HOTBAR:
+                break
+            slots = self.info["inventory_slots"]
+            free = [i for i in range(1, HOTBAR + 1) if slots[i - 1]["type"] == "air"]
+            dest = free[0] if free else HOTBAR
+            yield from self.cursor_to(SLOT_XY[slot], subtask)
+            yield from self.click("attack", subtask)  # the stack onto the cursor
+            yield from self.cursor_to(SLOT_XY[dest], subtask)
+            yield from self.click("attack", subtask)  # into the slot; a stack there goes onto the cursor
+            if not free:
+                yield from self.cursor_to(SLOT_XY[slot], subtask)
+                yield from self.click("attack", subtask)  # the swapped stack where `item` was
+            for _ in range(20):  # the server's inventory reaches the info a few steps later
+                if (self.slot_of(item) or HOTBAR + 1) <= HOTBAR:
+                    break
+                yield noop_action(), subtask
+        if opened:
+            yield from self.close_inventory()
+        slot = self.slot_of(item)
+        if slot is None or slot > HOTBAR:
+            raise RuntimeError(f"{item} did not reach the hotbar (slot {slot})")
 
     def slot_of(self, item: str) -> int | None:
         for i, s in enumerate(self.info["inventory_slots"], start=1):
