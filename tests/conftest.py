@@ -82,7 +82,7 @@ def qwen_tiny_flax(qwen_tiny_dir):
     """Our model loaded (scanned) from the tiny HF checkpoint."""
     from histeve_jax.models.qwen2_5_vl import load_hf
 
-    return load_hf(qwen_tiny_dir[2])
+    return load_hf(qwen_tiny_dir[2], config_overrides={"scan_layers": True})
 
 
 # ---------------------------------------------------------------------- installed dependencies and the game

@@ -172,8 +172,8 @@ def test_scanned_and_unrolled_decoders_generate_the_same(qwen_tiny_dir, padded):
 
     ids, mask, pv, grid = padded
     kw = dict(pixel_values=pv, image_grid_thw=grid, options=GREEDY)
-    scan = Sampler(load_hf(qwen_tiny_dir[2], config_overrides={"layer_loop": "scan"}))
-    unrolled = load_hf(qwen_tiny_dir[2], config_overrides={"layer_loop": "unroll"})
+    scan = Sampler(load_hf(qwen_tiny_dir[2], config_overrides={"scan_layers": True, "layer_loop": "scan"}))
+    unrolled = load_hf(qwen_tiny_dir[2], config_overrides={"scan_layers": True, "layer_loop": "unroll"})
     outs = [s(ids, mask, **kw) for s in (scan, Sampler(unrolled, unstack_layers=False), Sampler(unrolled))]
     assert scan._unstacked is None and outs[0].tokens.shape == (2, N_NEW)
     for out in outs[1:]:

@@ -115,7 +115,7 @@ def test_rs_norm_row_grads_are_torchs_per_regime(qwen_tiny_dir, batch):
                      "post_attn_norm": np.stack([g[lm + f"{i}.post_attention_layernorm.weight"]
                                                  for i in range(3)]),
                      "q0": g[lm + "0.self_attn.q_proj.weight"].T.reshape(64, 4, 16)})
-    model = load_hf(d, config_overrides={"norm_regimes": 2})
+    model = load_hf(d, config_overrides={"norm_regimes": 2, "scan_layers": True})
     both = (jnp.asarray(np.concatenate([ids, ids2])), jnp.asarray(np.concatenate([pv, pv2])),
             tuple(map(tuple, np.concatenate([grid, grid2]))))
     _, g = _loss_and_grads(model, *both, regime=jnp.asarray([0, 1]))
@@ -132,7 +132,7 @@ def test_rs_norm_row_grads_are_torchs_per_regime(qwen_tiny_dir, batch):
 
 def test_load_hf_places_tensors_by_logical_names(qwen_tiny_dir):
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
-    model = load_hf(qwen_tiny_dir[2], mesh=mesh)
+    model = load_hf(qwen_tiny_dir[2], mesh=mesh, config_overrides={"scan_layers": True})
     q = model.language_model.layers.attn.q.get_value()
     assert isinstance(q.sharding, jax.sharding.NamedSharding) and q.sharding.mesh == mesh
     names = (axes.LAYERS, axes.EMBED, axes.Q_HEADS, axes.HEAD_DIM)

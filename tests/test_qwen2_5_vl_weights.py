@@ -215,7 +215,7 @@ def test_rs_norm_adds_2Ld_params_and_starts_from_the_pretrained_scale(
     qwen_tiny_dir, qwen_tiny_flax, prompt, tmp_path
 ):
     cfg, hf, d = qwen_tiny_dir
-    rs = load_hf(d, config_overrides={"norm_regimes": 2})
+    rs = load_hf(d, config_overrides={"norm_regimes": 2, "scan_layers": True})
     count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
     assert count(rs) - count(qwen_tiny_flax) == 2 * cfg.text.num_hidden_layers * cfg.text.hidden_size
     ref = _hf_logits(cfg, hf, prompt)
@@ -291,3 +291,22 @@ def test_tied_embeddings_model_matches_transformers_and_round_trips(prompt, tmp_
     assert sorted(src) == sorted(dst)
     for k in src:
         np.testing.assert_array_equal(dst[k], src[k], err_msg=k)
+
+
+def test_load_hf_layout_follows_the_backend_unless_told(qwen_tiny_dir, qwen_tiny_flax, prompt):
+    """Untold, load_hf gives per-layer parameters on the CPU backend (stacked elsewhere), with the same logits
+    as the stacked layout; a Policy loads in the layout its config says, whatever the backend."""
+    from histeve_jax.models.qwen2_5_vl.weights import default_scan_layers
+    from histeve_jax.policy import Policy, tiny_config
+
+    assert jax.default_backend() == "cpu" and default_scan_layers() is False
+    model = load_hf(qwen_tiny_dir[2])
+    assert model.config.scan_layers is False
+    assert len(model.language_model.layers) == qwen_tiny_dir[0].text.num_hidden_layers
+    stacked = qwen_tiny_flax.language_model.layers
+    assert model.language_model.layers[0].attn.q.shape == stacked.attn.q.shape[1:]
+    np.testing.assert_allclose(_our_logits(model, prompt), _our_logits(qwen_tiny_flax, prompt), atol=1e-5)
+    for scan in (True, False):
+        config = tiny_config(base=tiny_config().base.replace(scan_layers=scan))
+        policy = Policy.from_pretrained(qwen_tiny_dir[2], config)
+        assert policy.model.config.scan_layers is scan

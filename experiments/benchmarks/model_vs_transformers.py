@@ -11,7 +11,11 @@ Limits (`model_limits`): the train step's analytic matmul FLOPs over the machine
 large `jnp.dot` / `torch.matmul` of the same dtype, the better), and a decode step's bytes (weights + KV
 cache) over the machine's copy bandwidth. A decode step's time is (generate(N) - generate(1)) / (N - 1).
 
-    python -m experiments.benchmarks.model_vs_transformers [--rounds 5] [--no-bf16] [--unstacked]
+    python -m experiments.benchmarks.model_vs_transformers [--rounds 5] [--no-bf16] [--stacked]
+
+Our model is loaded as a user loads it (`load_hf`): on this CPU, with separate per-layer decoder parameters
+(`default_scan_layers`); `--stacked` loads the stacked layout the TPU program scans and the policy's
+checkpoints use (on CPU its layers run unrolled over stacks split per call, gradients concatenated back).
 
 Last line: forward=<a> train_step=<b> generate=<c> train_roofline=<d> decode_roofline=<e>, the first three
 PyTorch time / Flax time, the rooflines time-the-limit-allows / Flax time (float32).
@@ -95,7 +99,7 @@ class Setup:
     dtype: str
 
     @classmethod
-    def build(cls, dtype: str = "float32", scan_layers: bool = True) -> Setup:
+    def build(cls, dtype: str = "float32", scan_layers: bool | None = None) -> Setup:
         import torch
         from transformers import Qwen2_5_VLConfig as HFConfig
         from transformers import Qwen2_5_VLForConditionalGeneration
@@ -106,7 +110,8 @@ class Setup:
         hf = Qwen2_5_VLForConditionalGeneration(HFConfig(**cfg.to_hf_dict())).eval()
         with tempfile.TemporaryDirectory() as d:
             hf.save_pretrained(d)
-            model = load_hf(d, dtype=jnp.dtype(dtype), config_overrides={"scan_layers": scan_layers})
+            layout = {} if scan_layers is None else {"scan_layers": scan_layers}  # None: load_hf's default
+            model = load_hf(d, dtype=jnp.dtype(dtype), config_overrides=layout)
         hf = hf.to(getattr(torch, dtype))
         proc = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=28 * 28 * 256)
         rng = np.random.default_rng(0)
@@ -316,17 +321,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-bf16", action="store_true")
-    # Separate per-layer parameters instead of stacked ones (a CPU-only user's choice): no split of the
-    # stacks into layers, no concatenation of their gradients.
-    ap.add_argument("--unstacked", action="store_true")
+    # The stacked layout (TPU's, the checkpoints') instead of load_hf's CPU default of per-layer parameters.
+    ap.add_argument("--stacked", action="store_true")
     a = ap.parse_args()
-    s = Setup.build("float32", scan_layers=not a.unstacked)
+    layout = True if a.stacked else None
+    s = Setup.build("float32", scan_layers=layout)
     n_params = sum(p.numel() for p in s.hf.parameters())
-    print(f"model: {n_params / 1e6:.1f}M params; batch {s.ids.shape[0]} x {s.ids.shape[1]} tokens; cores "
-          f"{os.cpu_count()}; jax {jax.__version__} {jax.devices()}; {load()}")
+    print(f"model: {n_params / 1e6:.1f}M params, {'stacked' if s.model.config.scan_layers else 'per-layer'} "
+          f"decoder layers; batch {s.ids.shape[0]} x {s.ids.shape[1]} tokens; cores {os.cpu_count()}; "
+          f"jax {jax.__version__} {jax.devices()}; {load()}")
     res = compare(s, a.rounds)
     if not a.no_bf16:
-        rb = compare(Setup.build("bfloat16", scan_layers=not a.unstacked), a.rounds)
+        rb = compare(Setup.build("bfloat16", scan_layers=layout), a.rounds)
         print("bf16: " + " ".join(f"{k}={v:.2f}" for k, v in rb.items()))
     print(" ".join(f"{k}={v:.2f}" for k, v in res.items()))
 

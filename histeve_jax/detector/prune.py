@@ -63,7 +63,7 @@ def prune_hf(path: str, template: DetectorConfig, *, keep: float = 1 / 3, multip
 
     The decoder's shape is the directory's (its FFN pruned to ``keep``); everything else is ``template``'s.
     """
-    model = load_hf(path, dtype=dtype)
+    model = load_hf(path, dtype=dtype, config_overrides={"scan_layers": True})  # [L, ...] stacks to score
     src = model.config
     _check_base(src, path)
     lm = model.language_model

@@ -71,7 +71,10 @@ class Policy(nnx.Module):
     @classmethod
     def from_pretrained(cls, path: str, config: PolicyConfig, *, seed: int = 0, **load_kw: Any) -> Policy:
         """The policy at initialisation from a Hugging Face Qwen2.5-VL directory (``load_hf`` keywords)."""
-        overrides = {"norm_regimes": 2, **load_kw.pop("config_overrides", {})}
+        # the layout the config says (the train state, its checkpoints and plans are built from it), not
+        # load_hf's per-backend default
+        overrides = {"norm_regimes": 2, "scan_layers": config.base.scan_layers,
+                     **load_kw.pop("config_overrides", {})}
         model = load_hf(path, config_overrides=overrides, **load_kw)
         if model.config.text.vocab_size != config.base.text.vocab_size:
             raise ValueError(

@@ -79,6 +79,8 @@ class Qwen2_5_VLConfig:
     # Non-HF fields.
     dtype: Any = jnp.float32  # compute dtype
     param_dtype: Any = jnp.float32
+    # Decoder layers as stacked [L, ...] parameters (True) or separate per-layer ones; `load_hf` picks by
+    # backend when not told (`weights.default_scan_layers`: per-layer on CPU).
     scan_layers: bool = True
     # How stacked (scan_layers) layers run: "scan" (lax.scan), "unroll" (the stacks split once, the layers
     # called one by one: XLA:CPU copies a scanned layer's weights out of the stack and zero-fills stacked

@@ -232,6 +232,16 @@ def _sharding(var: nnx.Variable, mesh, rules: axes.Rules, where: str) -> jax.sha
     return jax.sharding.NamedSharding(mesh, axes.partition_spec(var.shape, names, mesh, rules, where=where))
 
 
+def default_scan_layers() -> bool:
+    """The decoder layout `load_hf` gives when not told: stacked (one [L, ...] parameter per weight, run by
+    `lax.scan`, compiled once per layer shape) on accelerators; separate per-layer parameters on the CPU
+    backend. XLA:CPU runs the layers unrolled either way (`layer_loop="auto"`), and there a stack costs
+    copies: every step slices each layer's weights out of the stacks and concatenates their gradients back,
+    and a `Sampler` keeps a per-layer copy of the weights (`experiments.benchmarks.model_vs_transformers`
+    measures both layouts; `--stacked` for the stacked one)."""
+    return jax.default_backend() != "cpu"
+
+
 def load_hf(
     path: str,
     *,
@@ -242,8 +252,12 @@ def load_hf(
 ) -> Qwen2_5_VLModel:
     """Loads a HF `save_pretrained` directory. Parameters (and compute) in `dtype` unless `config_overrides`
     sets `dtype`/`param_dtype`; with a mesh each tensor is placed by its logical names, shape and `rules`,
-    just where a train state built from the model puts it (so building that state moves nothing)."""
-    overrides = {"dtype": dtype, "param_dtype": dtype, **(config_overrides or {})}
+    just where a train state built from the model puts it (so building that state moves nothing).
+
+    The decoder layers' layout is `config_overrides["scan_layers"]`, else `default_scan_layers()`: separate
+    per-layer parameters on the CPU backend, stacked ones (scanned) elsewhere."""
+    overrides = {"dtype": dtype, "param_dtype": dtype, "scan_layers": default_scan_layers(),
+                 **(config_overrides or {})}
     cfg = Qwen2_5_VLConfig.from_pretrained_dir(path).replace(**overrides)
     model = nnx.eval_shape(lambda: Qwen2_5_VLModel(cfg, rngs=nnx.Rngs(0)))
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
