@@ -122,3 +122,22 @@ def test_an_item_outside_the_hotbar_is_moved_into_it_and_placed(env, hotbar_full
     if hotbar_full:  # swapped: the dirt in slot 9, slot 9's cobble where the dirt was, no cobble lost
         assert dirt == HOTBAR and slots[11] == "default:cobble"
         assert info["inventory"]["default:cobble"] == sum(range(1, HOTBAR + 1))
+
+
+@pytest.mark.game
+def test_place_expert_stops_at_its_goal(env):
+    """PlaceExpert with goal=2 over three cells places exactly two blocks (the third cell is a spare)."""
+    from histeve_jax.envs.experts import PlaceExpert
+
+    task = load_task("build_wall")
+    _, info = env.reset(seed=3, options={"task": task})
+    expert = PlaceExpert(task, "default:dirt", [(-1, 2), (0, 2), (1, 2)], goal=2)
+    expert.reset(info)
+    for _ in range(task.max_steps):
+        action, phase = expert.act(info)
+        if phase == "done":
+            break
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    assert phase == "done" and info["place_block"] == {"default:dirt": 2}

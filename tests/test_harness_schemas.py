@@ -218,3 +218,21 @@ def test_visual_change_is_the_mean_signature_difference():
 def test_advance_recover_replan(outcome, applicable, failures, changed, recoveries, want):
     v = Verdict(outcome, "budget", outcome == "success", applicable, failures, 0, 0.0, changed, [])
     assert decide(v, recoveries, max_recoveries=2) == want == v.decision
+
+
+def test_placing_experts_place_what_is_still_missing_with_spare_cells():
+    """place_dirt's count is cumulative: with 2 placed, place_dirt(count=3) places one more; build_wall places
+    three; both have cells to fall back on beyond their own, and a goal beyond the cells is refused."""
+    from histeve_jax.envs.experts import PlaceExpert
+    from histeve_jax.harness.executors import EXPERT_MAKERS, SPARE_CELLS, WALL_CELLS
+
+    task = load_task("place_dirt")
+    info = {"place_block": {"default:dirt": 2}, "inventory": {"default:dirt": 2}}
+    expert = EXPERT_MAKERS["place_dirt"](task, SCHEMAS["place_dirt"].instantiate({"count": 3}), info)
+    assert expert.goal == 1 and len(expert.cells) > 1 and expert.cells[0] == (0, 2)
+    expert = EXPERT_MAKERS["place_dirt"](task, SCHEMAS["place_dirt"].instantiate({"count": 16}), {})
+    assert expert.goal == len(expert.cells)
+    wall = EXPERT_MAKERS["build_wall"](load_task("build_wall"), SCHEMAS["build_wall"].instantiate({}), {})
+    assert wall.goal == 3 and list(wall.cells) == [*WALL_CELLS, *SPARE_CELLS]
+    with pytest.raises(ValueError, match="goal 4 needs 1..3 cells"):
+        PlaceExpert(task, "default:dirt", [(0, 2), (1, 2), (2, 2)], goal=4)

@@ -49,6 +49,19 @@ def _count(s: Subtask) -> int:
     return int(s.params.get("count", 1))
 
 
+# Cells a placing expert falls back on when one of its own cannot take a block (a block or a dug hole there
+# after an earlier invocation, or a teleport): beyond the wall's row, still in the arena.
+WALL_CELLS = ((-1, 2), (0, 2), (1, 2))  # the atomic build_wall expert's row
+PLACE_CELLS = ((0, 2), (1, 2), (-1, 2))  # the atomic place_dirt expert's cell first
+SPARE_CELLS = ((2, 2), (-2, 2), (0, 3), (1, 3), (-1, 3))
+
+
+def _still_to_place(s: Subtask, info: Mapping[str, Any]) -> int:
+    """place_dirt's `count` is blocks placed in the whole episode: the ones this invocation still places."""
+    placed = int((info.get("place_block") or {}).get("default:dirt", 0))
+    return min(len(PLACE_CELLS) + len(SPARE_CELLS), max(1, _count(s) - placed))
+
+
 ExpertMaker = Callable[[Task, Subtask, Mapping[str, Any]], Expert]
 EXPERT_MAKERS: dict[str, ExpertMaker] = {
     "mine_log": lambda t, s, i: MineExpert(t, ("default:tree",), "default:tree", goal=_count(s)),
@@ -69,8 +82,9 @@ EXPERT_MAKERS: dict[str, ExpertMaker] = {
     "smelt_iron": lambda t, s, i: SmeltExpert(t, _furnace(i), "default:iron_lump", "default:coal_lump",
                                               "default:steel_ingot", goal=_count(s)),
     "place_furnace": lambda t, s, i: PlaceExpert(t, "default:furnace", [FURNACE_SPOT]),
-    "build_wall": lambda t, s, i: PlaceExpert(t, "default:dirt", [(-1, 2), (0, 2), (1, 2)]),
-    "place_dirt": lambda t, s, i: PlaceExpert(t, "default:dirt", [(0, 2)]),
+    "build_wall": lambda t, s, i: PlaceExpert(t, "default:dirt", [*WALL_CELLS, *SPARE_CELLS], goal=3),
+    "place_dirt": lambda t, s, i: PlaceExpert(t, "default:dirt", [*PLACE_CELLS, *SPARE_CELLS],
+                                              goal=_still_to_place(s, i)),
 }
 
 

@@ -80,16 +80,25 @@ class MineExpert(Expert):
 
 
 class PlaceExpert(Expert):
-    """Place `item` (from the hotbar) on the ground at each of `cells` (x, z) by right-clicking top faces."""
+    """Place `goal` blocks of `item` (from the hotbar; default: one on each of `cells`) on the ground, trying
+    `cells` (x, z) in turn by right-clicking their top faces; a cell where three clicks place nothing is left
+    for the next one, so spare cells after the first `goal` stand in for cells that cannot take a block."""
 
-    def __init__(self, task: Task, item: str, cells: list[tuple[int, int]], ground_y: int = 8):
+    def __init__(self, task: Task, item: str, cells: list[tuple[int, int]], ground_y: int = 8,
+                 goal: int | None = None):
         super().__init__(task)
         self.item, self.cells, self.ground_y = item, cells, ground_y
+        self.goal = len(cells) if goal is None else goal
+        if not 0 < self.goal <= len(cells):
+            raise ValueError(f"PlaceExpert: goal {self.goal} needs 1..{len(cells)} cells")
 
     def plan(self):
         yield from self.select(self.item, "select_block")
         yield from self.wait(1, "select_block")
+        start = self.info["place_block"].get(self.item, 0)
         for cx, cz in self.cells:
+            if self.info["place_block"].get(self.item, 0) - start >= self.goal:
+                break
             point = (cx, self.ground_y + 0.5, cz)
             x, _, z = self.info["pos"]
             if math.hypot(cx - x, cz - z) > REACH - 1.0:
