@@ -236,3 +236,17 @@ def test_placing_experts_place_what_is_still_missing_with_spare_cells():
     assert wall.goal == 3 and list(wall.cells) == [*WALL_CELLS, *SPARE_CELLS]
     with pytest.raises(ValueError, match="goal 4 needs 1..3 cells"):
         PlaceExpert(task, "default:dirt", [(0, 2), (1, 2), (2, 2)], goal=4)
+
+
+def test_the_furnace_goes_next_to_the_player_before_the_fixed_spot():
+    """place_furnace tries ground cells within reach of where the player stands (no walk) before the
+    arena's furnace spot, so a player walled into a mining pit still places it."""
+    from histeve_jax.envs.experts import FURNACE_SPOT, REACH
+    from histeve_jax.harness.executors import EXPERT_MAKERS
+
+    info = {"pos": [5.8, 8.5, -2.2], "place_block": {}}
+    subtask = SCHEMAS["place_furnace"].instantiate({})
+    expert = EXPERT_MAKERS["place_furnace"](load_task("steel_pickaxe"), subtask, info)
+    assert expert.goal == 1 and expert.cells[-1] == FURNACE_SPOT and len(expert.cells) == 5
+    for cx, cz in expert.cells[:-1]:
+        assert np.hypot(cx - 5.8, cz + 2.2) <= REACH - 1.0  # PlaceExpert walks only beyond REACH - 1

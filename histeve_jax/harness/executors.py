@@ -56,6 +56,16 @@ PLACE_CELLS = ((0, 2), (1, 2), (-1, 2))  # the atomic place_dirt expert's cell f
 SPARE_CELLS = ((2, 2), (-2, 2), (0, 3), (1, 3), (-1, 3))
 
 
+def _cells_in_reach(info: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """Ground cells two blocks from the player on each side: a furnace can go anywhere (smelt_iron finds the
+    nearest), and the walk to a fixed spot is a straight line that a pit's wall stops (steel_pickaxe seed 1006
+    stood in its mining pit through every place_furnace)."""
+    if info.get("pos") is None:
+        return []
+    x, _, z = (int(round(float(v))) for v in info["pos"])
+    return [(x + dx, z + dz) for dx, dz in ((0, 2), (2, 0), (0, -2), (-2, 0))]
+
+
 def _still_to_place(s: Subtask, info: Mapping[str, Any]) -> int:
     """place_dirt's `count` is blocks placed in the whole episode: the ones this invocation still places."""
     placed = int((info.get("place_block") or {}).get("default:dirt", 0))
@@ -81,7 +91,8 @@ EXPERT_MAKERS: dict[str, ExpertMaker] = {
     "craft_furnace": lambda t, s, i: CraftExpert(t, "default:furnace", 1),
     "smelt_iron": lambda t, s, i: SmeltExpert(t, _furnace(i), "default:iron_lump", "default:coal_lump",
                                               "default:steel_ingot", goal=_count(s)),
-    "place_furnace": lambda t, s, i: PlaceExpert(t, "default:furnace", [FURNACE_SPOT]),
+    "place_furnace": lambda t, s, i: PlaceExpert(t, "default:furnace", [*_cells_in_reach(i), FURNACE_SPOT],
+                                                 goal=1),
     "build_wall": lambda t, s, i: PlaceExpert(t, "default:dirt", [*WALL_CELLS, *SPARE_CELLS], goal=3),
     "place_dirt": lambda t, s, i: PlaceExpert(t, "default:dirt", [*PLACE_CELLS, *SPARE_CELLS],
                                               goal=_still_to_place(s, i)),
