@@ -49,10 +49,10 @@ def _count(s: Subtask) -> int:
     return int(s.params.get("count", 1))
 
 
-# Cells a placing expert falls back on when one of its own cannot take a block (a block or a dug hole there
-# after an earlier invocation, or a teleport): beyond the wall's row, still in the arena.
 WALL_CELLS = ((-1, 2), (0, 2), (1, 2))  # the atomic build_wall expert's row
 PLACE_CELLS = ((0, 2), (1, 2), (-1, 2))  # the atomic place_dirt expert's cell first
+# Cells a placing expert falls back on when one of its own takes no block (three clicks placed nothing there,
+# as after dirt_wall seed 1006's teleport): beyond the wall's row, still in the arena.
 SPARE_CELLS = ((2, 2), (-2, 2), (0, 3), (1, 3), (-1, 3))
 
 
