@@ -14,25 +14,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 
 import numpy as np
+
+from experiments.benchmarks.timing import median_ms
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 STEPS = 20
 FRAMES = 2
 SIZE = (112, 112)
-
-
-def _median_ms(fn, steps: int) -> float:
-    fn()  # warm-up (compilation for ours)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000.0 * float(np.median(times))
 
 
 def main() -> None:
@@ -105,8 +96,8 @@ def main() -> None:
     if not np.array_equal(a[:n], b[:n]) or not G.accepts(g, a[:n], int(regime[0])):
         raise SystemExit(f"tokens differ: ours {a[:n].tolist()} transformers {b.tolist()}")
     action, r = decode_actions(config, a[None])[0]
-    act_ms = _median_ms(lambda: jax.block_until_ready(ours()), STEPS)
-    hf_ms = _median_ms(theirs, STEPS)
+    act_ms = median_ms(lambda: jax.block_until_ready(ours()), STEPS)
+    hf_ms = median_ms(theirs, STEPS)
     print(f"prompt_tokens={ids.shape[1]} frames={FRAMES}x{SIZE[0]}x{SIZE[1]} regime={r.name} steps={STEPS}")
     print(f"action={ {k: v for k, v in action.items() if k == 'camera' or v} }")
     print(f"act_ms={act_ms:.2f} hf_ms={hf_ms:.2f} ratio={hf_ms / act_ms:.2f} tokens_per_action={n}")

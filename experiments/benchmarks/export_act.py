@@ -17,23 +17,14 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+from experiments.benchmarks.timing import median_ms
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 STEPS = 20
-
-
-def _median_ms(fn, steps: int) -> float:
-    fn()  # warm-up (compilation for ours)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000.0 * float(np.median(times))
 
 
 def main() -> None:
@@ -76,8 +67,8 @@ def main() -> None:
     a, b = ours(), theirs()
     if set(a) != set(b) or any(not np.array_equal(a[k], b[k]) for k in a):
         raise SystemExit(f"actions differ: ours {a} torch {b}")
-    jax_ms = _median_ms(ours, STEPS)
-    torch_ms = _median_ms(theirs, STEPS)
+    jax_ms = median_ms(ours, STEPS)
+    torch_ms = median_ms(theirs, STEPS)
     shown = {k: v for k, v in a.items() if k == "camera" or v}
     print(f"frames=2x56x56 regime=NG steps={STEPS} action={shown}")
     print(f"torch_act_ms={torch_ms:.2f} jax_act_ms={jax_ms:.2f} ratio={torch_ms / jax_ms:.2f}")

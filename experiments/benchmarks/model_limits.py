@@ -13,23 +13,17 @@
 from __future__ import annotations
 
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks.timing import wall_times
 from histeve_jax.models.qwen2_5_vl.config import Qwen2_5_VLConfig
 
 
 def _best(fn, n: int) -> float:
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
+    return min(wall_times(fn, n))
 
 
 def jax_matmul_flops(dtype, size: int = 2048, n: int = 5) -> float:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 
 import numpy as np
+
+from experiments.benchmarks import timing
 
 STEPS = 200  # per episode
 ACT_CALLS = 40
@@ -76,14 +77,7 @@ def act_ms(workdir: str) -> tuple[float, float]:
     single = lambda: [loaded.sample(obs[i : i + 1], [i], key, batch=1) for i in range(2)]
 
     def median_ms(fn) -> float:
-        fn()
-        fn()
-        ts = []
-        for _ in range(ACT_CALLS):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        return 1e3 * float(np.median(ts))
+        return timing.median_ms(fn, ACT_CALLS, warmup=2)
 
     # Where a call's time goes, per row count: preprocessing, the compiled sampling program, token decoding
     # (the rest of `sample` is its fixed Python).
