@@ -1,7 +1,7 @@
 """Op-by-op profiles of one jitted JAX function (XLA:CPU thunks, from the JAX profiler's trace joined with the
 compiled HLO) and of one PyTorch callable (torch.profiler), as tables of where the time goes.
 
-    python -m experiments.benchmarks.op_profile            # the benchmark model's train step and decode step
+    python -m experiments.benchmarks.op_profile [--stacked]   # the benchmark model's train and decode step
 
 A JAX row is one HLO instruction the executable runs (a fusion, a library dot, a copy): its total time over
 the profiled calls, its kind and what it computes (the fusion's root ops and shapes), so layout transposes,
@@ -139,7 +139,8 @@ def _generate_program(s, n: int) -> tuple[Callable, tuple]:
     from histeve_jax.models.qwen2_5_vl.rope import as_grid
 
     sampler = Sampler(s.model)
-    unstack = sampler.model.language_model.unrolled() and s.cfg.scan_layers
+    # as Sampler.__call__ decides it, from the loaded model's layout (s.cfg, the benchmark's, says stacked)
+    unstack = sampler.model.language_model.unrolled() and sampler.model.config.scan_layers
     static = gen._Static(image_grid=as_grid(s.grid), video_grid=None, max_new=n, greedy=True, stop_ids=(),
                          pad_id=0, constraint=None, unstack=unstack)
     prompt = gen._Prompt(np.asarray(s.ids, np.int32), np.ones(s.ids.shape, np.int32),
@@ -151,10 +152,15 @@ def _generate_program(s, n: int) -> tuple[Callable, tuple]:
 
 
 def main() -> None:
+    import argparse
+
     from experiments.benchmarks.model_vs_transformers import N_NEW, Setup
 
-    s = Setup.build()
-    print(f"load {os.getloadavg()}")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stacked", action="store_true", help="the stacked layout, not load_hf's CPU default")
+    s = Setup.build(scan_layers=True if ap.parse_args().stacked else None)
+    layout = "stacked" if s.model.config.scan_layers else "per-layer"
+    print(f"load {os.getloadavg()}; {layout} decoder layers")
     fn, args = _train_program(s)
     print_jax("flax train step", jax_op_profile(fn, *args))
     fn, args = _generate_program(s, N_NEW)
