@@ -105,8 +105,10 @@ def _replay_pair(fleet) -> list[str]:
 def test_same_actions_from_the_same_s0_give_the_same_privileged_state(fleet):
     """Same s0, same actions: the same privileged state. The s0 and the inventories must agree on every try;
     the dynamics within the bounds on one of two tries: with the suite's other worker compiling beside two
-    games on 2 cores, a game can drop a whole input (measured once: 10 degrees of yaw, 6 steps of regime, 0.9
-    blocks apart at the end), which does not repeat, while a replay that is really off is off every time."""
+    games on 2 cores, how long a key is held drifts with the frame rate, which does not repeat, while a replay
+    that is really off is off every time. (Two such causes, found this way, are fixed in LuantiEnv: a reset's
+    look that reached the client after the first turn, and turns lost in the client's pointer re-centring;
+    CI had lost a 10-degree turn on both tries.)"""
     first = _replay_pair(fleet)
     if first:
         again = _replay_pair(fleet)

@@ -44,6 +44,7 @@ from histeve_jax.envs.base import (
     inventory_counts,
     slot_list,
     validate_action,
+    wrap_degrees,
 )
 from histeve_jax.envs.luanti.arena import DEFAULT_POS, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
@@ -58,6 +59,7 @@ _LOST = (OSError, ConnectionError, ConnectionClosedError, XError, DisplayError, 
 # Per-event pointer motion limits in play: the pointer sits at the centre (320, 180) and the X server clamps
 # it to the screen, so larger motions are split across frames.
 _MAX_DX, _MAX_DY = 300, 170
+_NUDGE_PX = 20  # the pointer motion that confirms the client took the reset's look (3 degrees)
 
 
 def crosshair_visible(frame: np.ndarray) -> bool:
@@ -255,11 +257,26 @@ class LuantiEnv(gym.Env):
             return
         while dx or dy:
             sx, sy = max(-_MAX_DX, min(_MAX_DX, dx)), max(-_MAX_DY, min(_MAX_DY, dy))
+            self._await_centre()
             self.x.move(sx, sy)
             dx, dy = dx - sx, dy - sy
-            if dx or dy:  # let the client consume this motion and re-centre before the next piece
+            if dx or dy:
                 self.x.sync()
-                time.sleep(1.5 / self.fps_max)
+
+    def _centred(self) -> bool:
+        return self.x.pointer() == (RENDER_SIZE[1] // 2, RENDER_SIZE[0] // 2)
+
+    def _await_centre(self, timeout_s: float = 0.5) -> None:
+        """In play, wait (up to timeout_s) until the client has taken the last motion and re-centred.
+
+        Each frame the client reads the pointer and, if it is off centre, warps it back there: a motion that
+        lands between that read and that warp is lost whole (measured under CPU load: 10-degree turns gone,
+        and motions piled up past the screen edge clipped). Off centre means a read and warp are still to
+        come, so the next motion waits for them; at centre the client warps nothing, so no motion is lost.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not self._centred() and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     # ---------------------------------------------------------------- observation
 
@@ -364,26 +381,9 @@ class LuantiEnv(gym.Env):
                 time.sleep(0.3)
                 if crosshair_visible(self._grab()):
                     break
-        state = self.command(reset_ops(self.episode_task), timeout_s=60.0)
-        self.x.key("hotbar.1", True)
-        self.x.sync()
-        time.sleep(0.05)
-        self.x.key("hotbar.1", False)
-        self.x.sync()
-        # Let the client receive the rebuilt blocks and the teleport before the first frame. The client owns
-        # the player's motion, so momentum from the last episode can carry it off the teleport target: settle,
-        # then teleport again until the position holds exactly.
-        init = self.episode_task.init
-        target = np.array(init.get("pos", DEFAULT_POS))
-        look = {"op": "set_look", "yaw": float(init.get("yaw", 0.0)), "pitch": float(init.get("pitch", 0.0))}
-        again = [{"op": "set_pos", "pos": target.tolist()}, look]
-        for _ in range(5):
-            time.sleep(0.25)
-            state = self._read_state()
-            if np.abs(np.array(state["pos"]) - target).max() < 1e-3 and int(state.get("wield_index", 0)) == 1:
-                break
-            self.command(again)
-        time.sleep(0.4)
+        self.command(reset_ops(self.episode_task), timeout_s=60.0)
+        self._settle_start()
+        time.sleep(0.25)  # the rebuilt blocks' meshes before the first frame
         self._residual[:] = 0.0
         self._steps = 0
         self._succeeded = False
@@ -391,6 +391,70 @@ class LuantiEnv(gym.Env):
         state = self._read_state()
         self._last_t = time.monotonic()
         return self._obs(), self._info(state)
+
+    def _settle_start(self) -> None:
+        """Wait until the client itself holds the start pose, confirmed through a round trip.
+
+        The client owns the player's pose: the server's teleport and look reach it a frame or more later,
+        and until then it keeps (and reports back) the old ones. Under CPU load that outlasts any fixed wait,
+        and a look that lands after the first step overwrites that step's turn (measured with the suite
+        beside two games: a branch's s0 still showing the last episode's yaw, a whole 10-degree turn lost).
+        So the look is set _NUDGE_PX short of its target and the pointer then moves those pixels: the target
+        comes back from the client only once it has applied the look (and the teleport sent before it) and
+        then our input. Nothing is sent again while the client may still be on its way (a second look behind
+        a pending one would undo the confirmed nudge); only a client that has been still for a while is set
+        right: a lost (or doubled) nudge with the opposite motion, a position that momentum from the last
+        episode carried off the target (or anything else) with the teleport, look and nudge again.
+        """
+        init = self.episode_task.init
+        target = np.array(init.get("pos", DEFAULT_POS), dtype=float)
+        yaw, pitch = float(init.get("yaw", 0.0)), float(init.get("pitch", 0.0))
+        short = [{"op": "set_pos", "pos": target.tolist()},
+                 {"op": "set_look", "yaw": yaw - _NUDGE_PX / PIXELS_PER_DEGREE, "pitch": pitch}]
+
+        def send():
+            self.command(short)
+            self.x.key("hotbar.1", True)
+            self.x.sync()
+            time.sleep(0.05)
+            self.x.key("hotbar.1", False)
+            self.x.sync()
+            time.sleep(0.2)  # let the blocks and the teleport arrive before the nudge
+            self._await_centre()
+            self.x.move(_NUDGE_PX, 0)
+            self.x.sync()
+
+        send()
+        sends, last, since = 1, None, time.monotonic()
+        deadline = since + 40.0
+        while (now := time.monotonic()) < deadline:
+            state = self._read_state()
+            dyaw = wrap_degrees(float(state.get("yaw", 0.0)) - yaw)
+            dpitch = float(state.get("pitch", 0.0)) - pitch
+            pos_ok = np.abs(np.array(state["pos"]) - target).max() < 1e-3
+            seen = (round(dyaw, 2), round(dpitch, 2), pos_ok, state.get("wield_index"), self._centred())
+            if seen != last:
+                last, since = seen, now
+            still = now - since
+            if not seen[-1]:  # a motion the client has not taken yet
+                pass
+            elif abs(dyaw) < 0.02 and abs(dpitch) < 0.02 and pos_ok and int(state.get("wield_index", 0)) == 1:
+                if still >= 0.15:  # and it holds: no momentum left, no late packet
+                    return
+            elif still >= 1.0:  # the client has taken every motion, is still, and is not at the start
+                px = dyaw * PIXELS_PER_DEGREE
+                if abs(dpitch) < 0.02 and pos_ok and abs(px - round(px)) < 0.2:
+                    self.x.move(-int(round(px)), 0)
+                    self.x.sync()
+                elif sends < 8:
+                    send()
+                    sends += 1
+                last = None
+            time.sleep(0.02)
+        raise self._fail(GameHung(f"the client did not take the start pose {target.tolist()}, yaw {yaw:.2f}, "
+                                  f"pitch {pitch:.2f} in 40 s (it reports pos {state.get('pos')}, "
+                                  f"yaw {state.get('yaw')}, pitch {state.get('pitch')}, "
+                                  f"wield {state.get('wield_index')})"))
 
     def step(self, action: dict[str, Any]):
         """One 50 ms step with an env-format action; returns (obs, reward, terminated, truncated, info).
