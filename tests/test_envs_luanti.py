@@ -84,6 +84,27 @@ def test_camera_turns_the_view_by_the_requested_angle(env):
     assert base.wrap_degrees(info["yaw"] - info0["yaw"]) == pytest.approx(-55.0, abs=0.2)
 
 
+def test_turns_sent_while_the_client_stalls_are_all_taken(env):
+    """A client that renders no frame for 0.3 s (as under CPU load) must still take every turn sent meanwhile:
+    six 10-degree turns are 400 px of pointer motion, more than the 320 px from the centre to the screen's
+    edge, so piled up they were clipped (measured: 47.85 of 60 degrees), and one landing between the client's
+    read of the pointer and its re-centring was lost whole."""
+    import threading
+
+    _, info0 = env.reset(options={"task": "craft_planks"})
+    game = env.unwrapped.proc.game.pid
+    os.kill(game, signal.SIGSTOP)
+    resume = threading.Timer(0.3, os.kill, (game, signal.SIGCONT))
+    resume.start()
+    try:
+        _steps(env, _act(camera=[0.0, 10.0]), 6)
+    finally:
+        resume.join()
+        os.kill(game, signal.SIGCONT)
+    _, _, _, _, info = _steps(env, noop_action(), 10)
+    assert base.wrap_degrees(info["yaw"] - info0["yaw"]) == pytest.approx(60.0, abs=0.2)
+
+
 def test_attacking_a_tree_with_an_empty_hand_yields_a_log(env):
     obs, info = env.reset(options={"task": "mine_log"})
     assert info["inventory"] == {}
