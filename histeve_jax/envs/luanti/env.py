@@ -8,10 +8,12 @@ from the frame itself: the crosshair (white pixels in the centre) is drawn in pl
 formspec. ``cursor`` is the X pointer position while a GUI is open (in play minetest re-centres the pointer
 every frame).
 
-Timing: within a step the keys and buttons change first, then the mouse moves; the frame is grabbed 50 ms
-after the previous one. The client applies input at its next rendered frame (fps_max 30) and the formspec
-reads the pointer once per frame, so in a GUI a click should follow a motion by a step or more. The
-privileged state lags the frame by about one server step (50 ms); under CPU load both lags grow.
+Timing: within a step the keys and buttons change first, then the mouse moves (in play, once the client has
+re-centred the pointer after the last motion, see ``_await_centre``); the frame is grabbed 50 ms after the
+previous one. A reset returns once the client itself reports the start pose (``_settle_start``). The
+client applies input at its next rendered frame (fps_max 30) and the formspec reads the pointer once per
+frame, so in a GUI a click should follow a motion by a step or more. The privileged state lags the frame
+by about one server step (50 ms); under CPU load both lags grow.
 
 Determinism: the world is minetest_game on the flat mapgen at a fixed seed, the arena is rebuilt at every
 reset (see arena.py), time does not pass (time_speed 0, noon), clouds are off (minetest_game's weather only
