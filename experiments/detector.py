@@ -77,7 +77,8 @@ def source_records(cfg: Any, workdir: str) -> list[str]:
             cmd = [sys.executable, "-m", "experiments.record", f"--config={_CONFIGS}/record.py",
                    f"--workdir={os.path.join(workdir, 'record_run')}", f"--config.output_dir={out}",
                    f"--config.tasks={tuple(d.record_tasks)!r}", f"--config.episodes={d.record_episodes}",
-                   f"--config.obs_size=({h}, {w})", "--config.instances=2", "--config.progress_bar=False"]
+                   f"--config.obs_size=({h}, {w})", "--config.instances=2", "--config.progress_bar=False",
+                   f"--config.after_success={d.record_after_success}"]
             subprocess.run(cmd, check=True, cwd=_REPO, timeout=1800)
         dirs = [out]
     evald = os.path.join(d.policy, "eval", "records", "policy") if d.eval_records == "auto" and d.policy \
@@ -110,6 +111,15 @@ def pruned_detector(cfg: Any, template: Any, workdir: str) -> tuple[str, Any]:
     return out, detector.config
 
 
+def eval_options(cfg: Any, seed: int) -> Any:
+    """How validation and test queries are drawn: ``detector.eval_subtasks`` False scores the task units
+    only (the atomic subtasks the harness invokes and the loop ends), not the expert's phases (aim, dig)."""
+    from histeve_jax.detector.stage import QueryOptions
+
+    d = cfg.detector
+    return QueryOptions(d.per_unit, d.post_window, d.eval_subtasks, seed)
+
+
 def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log: Any = print) -> dict:
     """Split, prune, train, calibrate on validation, score the test split; returns the report."""
     from histeve_jax.data import pipeline
@@ -135,24 +145,28 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     run_dir = os.path.join(workdir, f"run_x{det_config.cross_attention_every}")
     spec = run_spec(cfg, run_dir, train_dirs=(splits[0],), eval_dirs=(splits[1],))
     options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed)
+    scored = eval_options(cfg, spec.data.seed)  # validation and test: the task units
     stage = detector_stage(spec, det_config, policy_config, load_policy=load_policy, detector_dir=pruned_dir,
                            queries=options)
-    counts = {name: data_lib.label_counts(queries_of([s], det_config, policy_config, options)[1])
-              for name, s in zip(("train", "val", "test"), splits, strict=True)}
+    sets = {"train": (splits[0], options), "val": (splits[1], scored), "test": (splits[2], scored),
+            "test_phases": (splits[2], options)}  # the test episodes with the expert's phases as units too
+    counts = {name: data_lib.label_counts(queries_of([s], det_config, policy_config, o)[1])
+              for name, (s, o) in sets.items()}
     log(f"queries: {counts}")
     history = train(spec, stage)
     module = load_trained(spec, stage)
     scores = {}
     one_pass = pipeline.LoaderOptions(batch_size=1, shuffle=False, num_epochs=1, shard_index=0, shard_count=1)
-    for name, s in (("val", splits[1]), ("test", splits[2])):
+    for name in ("val", "test", "test_phases"):
         # One query per batch: every query scored (a batch iterator drops a last partial batch).
-        shards, qs = queries_of([s], det_config, policy_config, options)
+        shards, qs = queries_of([sets[name][0]], det_config, policy_config, sets[name][1])
         inputs = QueryInputs(det_config, policy_config, spec.data.tokenizer_path or None)
         scores[name] = predict(module, data_lib.make_batches(shards, qs, inputs, one_pass))
     threshold = calibrate_threshold(*scores["val"])
     report = {"cross_attention_every": det_config.cross_attention_every, "threshold": threshold,
               "validation": binary_metrics(*scores["val"], threshold),
-              "test": binary_metrics(*scores["test"], threshold), "queries": counts,
+              "test": binary_metrics(*scores["test"], threshold),
+              "test_phases": binary_metrics(*scores["test_phases"], threshold), "queries": counts,
               "parameters": parameter_count(det_config), "pruned_dir": pruned_dir, "run_dir": run_dir,
               "final_loss": history[max(history)].get("loss")}
     with open(os.path.join(run_dir, "detector_report.json"), "w") as f:

@@ -38,7 +38,8 @@ def _env_kwargs(cfg) -> dict:
 
 
 def _run_kwargs(cfg) -> dict:
-    return {"kind": "demo", "frame_format": cfg.frame_format, "jpeg_quality": cfg.jpeg_quality}
+    return {"kind": "demo", "frame_format": cfg.frame_format, "jpeg_quality": cfg.jpeg_quality,
+            "after_success": cfg.after_success}
 
 
 def record_episode(env, task, seed: int, cfg) -> EpisodeResult:

@@ -62,6 +62,22 @@ def test_expert_episode_succeeds_and_its_records_follow_the_schema(env):
 
 
 @pytest.mark.game
+def test_after_success_plays_on_with_the_complete_state_recorded(env):
+    """after_success=5: the same expert episode, then five more steps (the expert's no-ops once it is done),
+    every one of them labelled complete from the game's own check: the detector's task positives."""
+    task = load_task("place_dirt")
+    res = run_episode(env, task, 0, ExpertAgent(), after_success=5)
+    assert res.success and res.error == "" and res.steps == len(res.records) - 1
+    completed = [r.completed for r in res.records]
+    first = completed.index(1)
+    assert completed == [0] * first + [1] * (len(completed) - first)
+    assert len(completed) - first == 6  # the frame where it first holds, five steps on (the last one done)
+    assert [r.step for r in res.records] == list(range(len(res.records)))
+    assert res.records[-1].done and not any(r.done for r in res.records[:-1])
+    assert res.records[-1].events["place_block"] == {"default:dirt": 1}  # nothing more was placed
+
+
+@pytest.mark.game
 def test_random_episode_records_grammar_valid_tokens_and_logprobs(env):
     agent = RandomAgent("vpt", seed=1)
     grammar = build_grammar(agent.vocab, int(agent.vocab.ids.max()) + 1)

@@ -31,9 +31,10 @@ def _row(name: str, m: dict) -> str:
 
 def vlm_scores(cfg: Any, test_dir: str, det_config: Any, policy_config: Any) -> dict | None:
     """The prompted VLM's metrics on the test queries, or None (and why) when no endpoint is configured."""
+    from experiments.detector import eval_options
     from histeve_jax.data import records as R
     from histeve_jax.detector.loss import binary_metrics
-    from histeve_jax.detector.stage import QueryOptions, queries_of
+    from histeve_jax.detector.stage import queries_of
     from histeve_jax.detector.vlm_baseline import PromptedVLM
     from histeve_jax.eval.suites.vlm_judge import JudgeSpec
 
@@ -45,9 +46,8 @@ def vlm_scores(cfg: Any, test_dir: str, det_config: Any, policy_config: Any) -> 
     import numpy as np
     from array_record.python.array_record_data_source import ArrayRecordDataSource
 
-    d = cfg.detector
-    shards, queries = queries_of([test_dir], det_config, policy_config,
-                                 QueryOptions(d.per_unit, d.post_window, d.subtasks, cfg.train.data.seed))
+    options = eval_options(cfg, cfg.train.data.seed)
+    shards, queries = queries_of([test_dir], det_config, policy_config, options)
     source = ArrayRecordDataSource(shards.paths)
     vlm, probs, labels, unusable = PromptedVLM(spec), [], [], 0
     for q in queries:
@@ -116,6 +116,8 @@ def main(argv: list[str]) -> None:
           f"without {ablation['threshold']:.3f}")
     print(_row("detector", full["test"]))
     print(_row("detector, no cross-attention", ablation["test"]))
+    print(_row("detector, + expert phases", full["test_phases"]))
+    print(_row("no cross-attn, + phases", ablation["test_phases"]))
     test_dir = os.path.join(workdir, "data", "test")
     policy_config, _, stride = policy_of(cfg)
     det = template_of(cfg, policy_config).replace(policy_stride=stride)

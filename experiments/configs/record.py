@@ -24,6 +24,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.jpeg_quality = 95
     c.output_dir = ""  # "": <workdir>/records
     c.records_per_shard = 2048
+    c.after_success = 0  # steps played on after success (the completion detector's positives; rollout)
     c.keep_failed = False  # drop episodes whose expert did not succeed (they are still counted)
     c.progress_bar = True
     c.instances = 1  # games run in parallel (> 1: on a Ray fleet, eval.fleet)

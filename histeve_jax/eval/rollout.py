@@ -114,10 +114,14 @@ def step_record(task: Task, episode_id: str, step: int, obs: dict, info: dict, d
 
 def run_episode(env: Any, task: Task, seed: int, agent: Agent, *, max_steps: int | None = None,
                 kind: str = "eval", frame_format: str = "jpeg", jpeg_quality: int = 95,
-                backend: str = "luanti") -> EpisodeResult:
+                backend: str = "luanti", after_success: int = 0) -> EpisodeResult:
     """Run ``agent`` for one episode of ``task`` from ``env.reset(seed=seed)``; see the module docstring.
 
-    The records end with the frame after the last action, stored with a no-op action and ``done=True``.
+    ``after_success``: steps played on after the success check first holds (the agent's own actions; no-ops
+    once it says "done" or gives up), so the records show the complete state as an agent that has not been
+    stopped yet keeps seeing it: the completion detector's positives. The result's ``success`` is whether
+    the check held at any step. The records end with the frame after the last action, stored with a no-op
+    action and ``done=True``.
     """
     t0 = time.monotonic()
     budget = task.max_steps if max_steps is None else int(max_steps)
@@ -136,22 +140,33 @@ def run_episode(env: Any, task: Task, seed: int, agent: Agent, *, max_steps: int
         obs, info = env.reset(seed=seed, options={"task": task})
         agent.reset(task, obs, info, seed)
         verified.update(task.subgoals_done(info))
-        for t in range(budget):
-            if info["success"]:
+        reached = bool(info["success"])
+        after, finished = 0, False
+        DONE = Decision(action=noop_action(), subtask="done")  # noqa: N806
+        for t in range(budget + after_success):
+            if reached:
+                if after >= after_success:
+                    break
+                after += 1
+            elif t >= budget:
                 break
             try:
-                decision = agent.act(obs, info)
+                decision = DONE if finished else agent.act(obs, info)
             except GameError:
                 raise
             except RuntimeError as e:  # the agent gave up (e.g. an expert whose GUI did not open): a failure
-                error = f"{name} gave up at step {t}: {e}"
-                log.warning("%s seed %d: %s", task.name, seed, error)
-                break
+                if not reached:
+                    error = f"{name} gave up at step {t}: {e}"
+                    log.warning("%s seed %d: %s", task.name, seed, error)
+                    break
+                decision = DONE
+            finished = finished or (reached and decision.subtask == "done")
             next_obs, reward, terminated, truncated, next_info = env.step(decision.action)
             record(obs, info, decision, reward, False)
             obs, info = next_obs, next_info
             verified.update(task.subgoals_done(info))
-            if terminated or truncated or decision.subtask == "done":
+            reached = reached or bool(info["success"])
+            if not reached and (terminated or truncated or decision.subtask == "done"):
                 break
         record(obs, info, Decision(action=noop_action(), subtask="done"), 0.0, True)
     except GameError as e:
@@ -159,7 +174,7 @@ def run_episode(env: Any, task: Task, seed: int, agent: Agent, *, max_steps: int
         return EpisodeResult(task=task.name, seed=seed, agent=name, episode_id=episode_id, success=False,
                              steps=len(records), interrupted=True, error=f"{type(e).__name__}: {e}",
                              progress=0.0, records=[], seconds=time.monotonic() - t0)
-    success = bool(info["success"])
+    success = reached
     progress = 1.0 if success else (len(verified) / len(task.subgoals) if task.subgoals else 0.0)
     return EpisodeResult(task=task.name, seed=seed, agent=name, episode_id=episode_id, success=success,
                          steps=len(records) - 1, interrupted=False, error=error, progress=progress,
