@@ -21,7 +21,13 @@ from histeve_jax.detector.coupled import CoupledDetector, Frozen, frame_slots
 from histeve_jax.detector.inputs import QueryInputs
 from histeve_jax.detector.loss import binary_metrics, calibrate_threshold
 from histeve_jax.detector.model import Detector, parameter_count
-from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions, first_signal
+from histeve_jax.detector.monitor import (
+    CompletionMonitor,
+    MonitorOptions,
+    first_signal,
+    loop_stops,
+    loop_threshold,
+)
 from histeve_jax.detector.predict import load_trained
 from histeve_jax.detector.stage import detector_stage
 from histeve_jax.parallel import sharding
@@ -204,6 +210,24 @@ def test_trains_through_the_shared_loop_with_the_policy_frozen(pruned, tmp_path)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert not np.array_equal(np.asarray(before.detector.head[...]), np.asarray(after.detector.head[...]))
     assert {path[0] for path, _ in nnx.to_flat_state(nnx.state(after, nnx.Param))} == {"detector"}
+
+
+def test_loop_stops_and_the_loop_threshold_by_hand():
+    # (query steps, probabilities, first step the check holds): three episodes, by hand
+    a = ([1, 3, 5, 7, 9], [0.2, 0.7, 0.8, 0.9, 0.9], 6)  # up to 0.7: stops at 5 (early); 0.8: 7; 0.9: 9
+    b = ([1, 3, 5, 7], [0.1, 0.3, 0.95, 0.95], 4)  # fires at 7 up to 0.95: 3 steps after the check holds
+    c = ([1, 3, 5], [0.6, 0.65, 0.1], None)  # never completes: up to 0.6 it stops (early), above never
+    m = loop_stops([a, b, c], 0.6)
+    assert m == {"episodes": 3, "early": 2, "missed": 0, "delays": [3]}
+    m = loop_stops([a, b, c], 0.85)
+    assert m == {"episodes": 3, "early": 0, "missed": 0, "delays": [3, 3]}
+    assert loop_stops([a, b, c], 0.96)["missed"] == 2
+    # the lowest threshold at or under the early budget: none early needs > 0.7 (a) and > 0.6 (c): 0.8
+    assert loop_threshold([a, b, c], max_early=0.0) == 0.8
+    assert loop_threshold([a, b, c], max_early=0.34) == 0.65  # one early allowed: c still stops at 0.6
+    assert loop_threshold([c], max_early=0.0) == 0.65  # 0.6 stops it at 3; at 0.65 one query is not two
+    d = ([1, 3], [0.9, 0.9], None)
+    assert loop_threshold([d], max_early=0.0) > 0.9  # only never firing keeps d whole
 
 
 def test_signal_on_two_consecutive_queries_or_the_budget(coupled):

@@ -4,11 +4,15 @@
 
 Trains the tiny detector (``experiments.detector.run``) with and without the cross-attention to the policy
 (the ablation), calibrates each threshold on the validation episodes and scores the test episodes:
-accuracy, precision, recall, F1, false positive and false negative rates. A prompted VLM is scored on the
+accuracy, precision, recall, F1, false positive and false negative rates, on the task units (the atomic
+subtasks; beside them, the test with the expert's phases as units too). A prompted VLM is scored on the
 same queries when an OpenAI-compatible endpoint is configured (``--config.vlm.*``, or $OPENAI_BASE_URL
 and $OPENAI_API_KEY), and skipped, saying so, when none is. Then the detector replays each held-out
 episode in the loop (``detector.monitor``: a query every k steps, two consecutive over threshold) and
-counts invocations that end before the privileged check holds. Prints the 3B detector's parameter count
+counts invocations that end before the privileged check holds (in a failed episode: any stop), at the F1
+threshold and at the loop's own threshold, calibrated on the validation episodes' replays (the lowest
+that ends at most ``detector.max_early`` of them early: an early stop hands an unfinished subtask on,
+a late one only spends budget). Prints the 3B detector's parameter count
 by abstract evaluation. Last line: ``accuracy=<a> f1=<f> fpr=<p> fnr=<n> f1_no_xattn=<g>``.
 """
 
@@ -61,9 +65,10 @@ def vlm_scores(cfg: Any, test_dir: str, det_config: Any, policy_config: Any) -> 
     return binary_metrics(np.asarray(probs), np.asarray(labels), 0.5)
 
 
-def premature_stops(cfg: Any, report: dict, test_dir: str) -> tuple[int, int]:
-    """(test episodes whose detector-ended invocation stops before the privileged check holds, episodes):
-    each completed test episode replayed frame by frame through ``CompletionMonitor`` on its task."""
+def loop_curves(cfg: Any, report: dict, split_dir: str) -> list[tuple[list[int], list[float], int | None]]:
+    """Each episode of ``split_dir`` replayed frame by frame through ``CompletionMonitor`` on its task (a
+    query every ``monitor_every`` steps, never stopping): (query steps, probabilities, the first step whose
+    privileged check holds, None when it never does)."""
     from experiments.detector import policy_of, run_spec
     from histeve_jax.data import records as R
     from histeve_jax.detector.inputs import QueryInputs
@@ -76,27 +81,31 @@ def premature_stops(cfg: Any, report: dict, test_dir: str) -> tuple[int, int]:
     det_config = read_config(report["pruned_dir"])
     spec = run_spec(cfg, report["run_dir"])
     module = load_trained(spec, detector_stage(spec, det_config, policy_config, load_policy=load_policy))
-    opts = MonitorOptions(threshold=report["threshold"], every=cfg.detector.monitor_every,
-                          consecutive=cfg.detector.consecutive)
+    d = cfg.detector
+    opts = MonitorOptions(threshold=2.0, every=d.monitor_every, consecutive=d.consecutive)  # never stops
     monitor = CompletionMonitor(module, QueryInputs(det_config, policy_config), opts)
     episodes: dict[str, list] = {}
-    for path in R.shard_paths(test_dir):
+    for path in R.shard_paths(split_dir):
         for r in R.read_shard(path):
             episodes.setdefault(r.episode_id, []).append(r)
-    early = total = 0
-    for recs in episodes.values():
-        done = [r.step for r in recs if r.completed == 1]
-        if not done:
-            continue
-        total += 1
+    out = []
+    for eid in sorted(episodes):
+        recs = episodes[eid]
         monitor.reset(recs[0].instruction, int(recs[0].is_gui_open))
         for r in recs:
             # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
-            m = monitor.observe(R.decode_frame(r.frame), {"is_gui_open": r.is_gui_open})
-            if m.stop:
-                early += m.step < done[0]
-                break
-    return early, total
+            monitor.observe(R.decode_frame(r.frame), {"is_gui_open": r.is_gui_open})
+        done = [r.step for r in recs if r.completed == 1]
+        out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], done[0] if done else None))
+    return out
+
+
+def _loop_line(name: str, threshold: float, m: dict) -> str:
+    n, d = max(m["episodes"], 1), m["delays"]
+    late = f"median {sorted(d)[len(d) // 2]} steps after the check holds" if d else "no stop after it holds"
+    return (f"  {name} {threshold:.3f}: {m['early']} of {m['episodes']} invocations end before the "
+            f"privileged check holds ({m['early'] / n:.0%}); {m['missed']} never stopped by the detector; "
+            f"{late}")
 
 
 def main(argv: list[str]) -> None:
@@ -124,11 +133,18 @@ def main(argv: list[str]) -> None:
     vlm = vlm_scores(cfg, test_dir, det, policy_config)
     if vlm is not None:
         print(_row("prompted VLM", vlm))
-    early, total = premature_stops(cfg, full, test_dir)
-    print(f"in the loop (held-out episodes replayed, a query every {cfg.detector.monitor_every} steps, "
-          f"{cfg.detector.consecutive} consecutive over threshold): {early} of {total} invocations end "
-          f"before "
-          f"the privileged check holds ({early / max(total, 1):.0%}; goal <= 5%)")
+    from histeve_jax.detector.monitor import loop_stops, loop_threshold
+
+    consecutive = cfg.detector.consecutive
+    val_curves = loop_curves(cfg, full, os.path.join(workdir, "data", "val"))
+    test_curves = loop_curves(cfg, full, test_dir)
+    at_loop = loop_threshold(val_curves, consecutive, cfg.detector.max_early)
+    print(f"in the loop (held-out test episodes replayed, a query every {cfg.detector.monitor_every} steps, "
+          f"{consecutive} consecutive over threshold; goal: <= 5% end early):")
+    print(_loop_line("at the F1 threshold", full["threshold"], loop_stops(test_curves, full["threshold"],
+                                                                          consecutive)))
+    print(_loop_line(f"at the loop threshold (validation: lowest with <= {cfg.detector.max_early:.0%} early)",
+                     at_loop, loop_stops(test_curves, at_loop, consecutive)))
     m = full["test"]
     print(f"accuracy={m['accuracy']:.3f} f1={m['f1']:.3f} fpr={m['fpr']:.3f} fnr={m['fnr']:.3f} "
           f"f1_no_xattn={ablation['test']['f1']:.3f}")

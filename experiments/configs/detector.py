@@ -60,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.split_seed = 0
     d.monitor_every = 2  # in the loop: query every k steps ...
     d.consecutive = 2  # ... and fire on this many consecutive queries over the threshold
+    d.max_early = 0.05  # loop threshold: the lowest whose replayed validation episodes end early at most so
     c.detector = d
 
     c.vlm = ml_collections.ConfigDict()  # the prompted-VLM baseline (eval.suites.vlm_judge.JudgeSpec)

@@ -6,7 +6,9 @@ coupled detector on the frames of its slots (each frame's image embeddings compu
 vision tower, when a query first needs it, then reused by later queries and by both models) and records
 the probability. It signals a candidate completion when ``consecutive`` queries in a row are over the
 threshold (``first_signal`` is the rule on a probability sequence), and returns control when the budget
-of steps is spent. ``MonitoredAgent`` wraps any rollout ``Agent`` with a monitor: the step it fires, the
+of steps is spent. ``loop_stops`` counts how replayed episodes would end under the rule at a threshold, and
+``loop_threshold`` picks the loop's threshold from them (the lowest that ends few enough early).
+``MonitoredAgent`` wraps any rollout ``Agent`` with a monitor: the step it fires, the
 agent answers a no-op with ``subtask="done"``, which ``eval.rollout.run_episode`` already treats as the
 end of the episode (so the hook works with the rollout as it is). Its ``series["completion_prob"]`` holds
 the probability of each step it was asked to act on (None between queries), indexed like ``run_episode``'s
@@ -58,6 +60,36 @@ def first_signal(probabilities: Sequence[float], threshold: float, consecutive: 
         if run >= consecutive:
             return i
     return None
+
+
+Curve = tuple[Sequence[int], Sequence[float], int | None]
+
+
+def loop_stops(curves: Sequence[Curve], threshold: float, consecutive: int = 2) -> dict[str, Any]:
+    """How invocations end under the stop rule at ``threshold``, over episodes' curves (query steps, their
+    probabilities, the first step whose privileged check holds or None): early (before the check holds, or
+    at all in an episode where it never does), missed (the check holds, the detector never fires: the
+    budget ends it), and the steps from the check holding to the stop."""
+    early = missed = 0
+    delays = []
+    for steps, probs, done in curves:
+        i = first_signal(probs, threshold, consecutive)
+        stop = None if i is None else steps[i]
+        early += stop is not None and (done is None or stop < done)
+        missed += done is not None and stop is None
+        if stop is not None and done is not None and stop >= done:
+            delays.append(stop - done)
+    return {"episodes": len(curves), "early": early, "missed": missed, "delays": delays}
+
+
+def loop_threshold(curves: Sequence[Curve], consecutive: int = 2, max_early: float = 0.05) -> float:
+    """The lowest threshold whose stop rule ends at most ``max_early`` of the episodes early (the early
+    count only falls as the threshold rises); above every probability (never firing) when none does."""
+    probs = sorted({p for _, ps, _ in curves for p in ps})
+    for t in probs:
+        if loop_stops(curves, t, consecutive)["early"] <= max_early * len(curves):
+            return float(t)
+    return float(probs[-1] + 1e-6) if probs else 1.0
 
 
 @dataclasses.dataclass(frozen=True)
