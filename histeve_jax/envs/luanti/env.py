@@ -410,7 +410,7 @@ class LuantiEnv(gym.Env):
         """
         init = self.episode_task.init
         target = np.array(init.get("pos", DEFAULT_POS), dtype=float)
-        yaw, pitch = float(init.get("yaw", 0.0)), float(init.get("pitch", 0.0))
+        yaw, pitch = float(init.get("yaw", 0.0)), float(init.get("pitch", 0.0))  # the client: |pitch| <= 89.5
         short = [{"op": "set_pos", "pos": target.tolist()},
                  {"op": "set_look", "yaw": yaw - _NUDGE_PX / PIXELS_PER_DEGREE, "pitch": pitch}]
 
@@ -432,7 +432,8 @@ class LuantiEnv(gym.Env):
         while (now := time.monotonic()) < deadline:
             state = self._read_state()
             dyaw = wrap_degrees(float(state.get("yaw", 0.0)) - yaw)
-            dpitch = float(state.get("pitch", 0.0)) - pitch
+            reported = float(state.get("pitch", 0.0))
+            dpitch = min(abs(reported - pitch), abs(reported - float(np.clip(pitch, -89.5, 89.5))))
             pos_ok = np.abs(np.array(state["pos"]) - target).max() < 1e-3
             seen = (round(dyaw, 2), round(dpitch, 2), pos_ok, state.get("wield_index"), self._centred())
             if seen != last:
