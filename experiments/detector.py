@@ -144,12 +144,13 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     pruned_dir, det_config = pruned_detector(cfg, template, workdir)
     run_dir = os.path.join(workdir, f"run_x{det_config.cross_attention_every}")
     spec = run_spec(cfg, run_dir, train_dirs=(splits[0],), eval_dirs=(splits[1],))
-    options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed)
-    scored = eval_options(cfg, spec.data.seed)  # validation and test: the task units
+    options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed, d.start_jitter)
+    scored = eval_options(cfg, spec.data.seed)  # validation and test: the task units, from the first step
     stage = detector_stage(spec, det_config, policy_config, load_policy=load_policy, detector_dir=pruned_dir,
                            queries=options)
+    phases = dataclasses.replace(scored, subtasks=d.subtasks)  # the test with the expert's phases too
     sets = {"train": (splits[0], options), "val": (splits[1], scored), "test": (splits[2], scored),
-            "test_phases": (splits[2], options)}  # the test episodes with the expert's phases as units too
+            "test_phases": (splits[2], phases)}
     counts = {name: data_lib.label_counts(queries_of([s], det_config, policy_config, o)[1])
               for name, (s, o) in sets.items()}
     log(f"queries: {counts}")

@@ -170,6 +170,22 @@ def test_labels_from_subtask_boundaries_and_the_privileged_check():
     assert q.frames == (100, 101, 105)  # offset 8 clamps to step 0; offset 4 is step 1
 
 
+def test_start_jitter_clamps_each_query_at_its_own_invocation_start():
+    names = ["aim"] * 20 + ["dig"] * 20 + ["done"]
+    steps = [_step("e", i, subtask=s, completed=int(i == 40)) for i, s in enumerate(names)]
+    draw = lambda **kw: data_lib.sample_queries({"e": steps}, (12, 8, 4, 0), per_unit=4, seed=3, **kw)
+    plain, jittered = draw(), draw(start_jitter=True)
+    assert draw(start_jitter=True) == jittered  # seeded
+    for q in plain:  # from the first step: slot o is step max(p - o, 0)
+        assert q.frames == tuple(100 + max(q.step - o, 0) for o in (12, 8, 4, 0))
+    later = 0
+    for q in jittered:  # from some start s <= p: slot o is step max(p - o, s), the newest the query's own
+        start = q.frames[0] - 100 if q.frames[0] - 100 > q.step - 12 else 0
+        assert q.frames == tuple(100 + max(q.step - o, start) for o in (12, 8, 4, 0))
+        later += start > 0
+    assert later >= len(jittered) // 3  # most invocations begin after the episode's first step
+
+
 def test_threshold_and_binary_metrics_by_hand():
     prob, y = np.array([0.1, 0.4, 0.35, 0.8, 0.7, 0.2]), np.array([0, 0, 1, 1, 1, 0])
     m = binary_metrics(prob, y, 0.5)

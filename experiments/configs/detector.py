@@ -55,6 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.per_unit = 3  # queries per unit and class
     d.post_window = 4  # steps after a subtask boundary that count as complete
     d.subtasks = True  # training units: the task and each of the expert's phases (aim, dig, place, ...)
+    d.start_jitter = True  # training queries: the invocation begins at a random step (detector.data)
     d.eval_subtasks = False  # validation and test units: the task only (the atomic subtask the loop ends)
     d.splits = (0.6, 0.2, 0.2)  # train / validation (threshold) / test episodes, per task
     d.split_seed = 0

@@ -109,14 +109,23 @@ def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool
     return units
 
 
-def query_frames(steps: Sequence[Step], position: int, offsets: Sequence[int]) -> tuple[int, ...]:
-    """Global indices of the slot frames of the query at ``position`` (clamped to the first step)."""
-    return tuple(steps[max(position - o, 0)].index for o in offsets)
+def query_frames(steps: Sequence[Step], position: int, offsets: Sequence[int],
+                 start: int = 0) -> tuple[int, ...]:
+    """Global indices of the slot frames of the query at ``position`` (clamped to step ``start``, where the
+    invocation began: the first step, unless told)."""
+    return tuple(steps[max(position - o, start)].index for o in offsets)
 
 
 def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, per_unit: int = 3,
-                   post_window: int = 4, subtasks: bool = True, seed: int = 0) -> list[Query]:
-    """A balanced query set (module docstring), in a seeded order."""
+                   post_window: int = 4, subtasks: bool = True, seed: int = 0,
+                   start_jitter: bool = False) -> list[Query]:
+    """A balanced query set (module docstring), in a seeded order.
+
+    ``start_jitter``: each query's invocation begins at a step drawn uniformly up to it, not at the
+    episode's first step, so how much of its history is a repeat of the first frame says nothing of the
+    label. (Without it the tiny detector learnt the time since the start: in the replays its probability
+    jumped at the same query in every episode, and fired in failed episodes at the step the experts'
+    succeed.) In the loop an invocation begins wherever the one before it ended."""
     rng = random.Random(seed)
     pos: list[Query] = []
     neg: list[Query] = []
@@ -125,8 +134,10 @@ def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, p
         for unit in episode_units(steps, post_window=post_window, subtasks=subtasks):
             for label, where, out in ((1, unit.positives, pos), (0, unit.negatives, neg)):
                 chosen = rng.sample(where, min(per_unit, len(where)))
-                out.extend(Query(eid, steps[p].step, query_frames(steps, p, offsets), unit.instruction,
-                                 steps[p].regime, label, steps[p].kind) for p in sorted(chosen))
+                out.extend(Query(eid, steps[p].step,
+                                 query_frames(steps, p, offsets, rng.randint(0, p) if start_jitter else 0),
+                                 unit.instruction, steps[p].regime, label, steps[p].kind)
+                           for p in sorted(chosen))
     k = min(len(pos), len(neg))
     out = rng.sample(pos, k) + rng.sample(neg, k)
     rng.shuffle(out)

@@ -40,6 +40,7 @@ class QueryOptions:
     post_window: int = 4
     subtasks: bool = True
     seed: int = 0
+    start_jitter: bool = False
 
 
 def loader_options(data: DataSpec, *, train: bool) -> pipeline.LoaderOptions:
@@ -62,7 +63,7 @@ def queries_of(dirs: list[str] | tuple[str, ...], config: DetectorConfig, policy
     offsets = frame_slots(config, policy_config.num_frames)[0]
     queries = data_lib.sample_queries(episodes, offsets, per_unit=options.per_unit,
                                       post_window=options.post_window, subtasks=options.subtasks,
-                                      seed=options.seed)
+                                      seed=options.seed, start_jitter=options.start_jitter)
     return shards, queries
 
 
