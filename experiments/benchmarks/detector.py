@@ -1,6 +1,8 @@
 """The completion detector on a balanced atomic-subtask completion set from held-out Luanti episodes.
 
-    python -m experiments.benchmarks.detector --config.detector.records=/tmp/det_rec/records
+    python -m experiments.benchmarks.detector --config.detector.policy=<imitation run> \
+        --config.detector.record_episodes=72 --config.train.num_train_steps=1500 [--workdir=...]
+    (or --config.detector.records=<record dirs> for expert episodes already recorded)
 
 Trains the tiny detector (``experiments.detector.run``) with and without the cross-attention to the policy
 (the ablation), calibrates each threshold on the validation episodes and scores the test episodes:
@@ -12,12 +14,14 @@ episode in the loop (``detector.monitor``: a query every k steps, two consecutiv
 counts invocations that end before the privileged check holds (in a failed episode: any stop), at the F1
 threshold and at the loop's own threshold, calibrated on the validation episodes' replays (the lowest
 that ends at most ``detector.max_early`` of them early: an early stop hands an unfinished subtask on,
-a late one only spends budget). Prints the 3B detector's parameter count
-by abstract evaluation. Last line: ``accuracy=<a> f1=<f> fpr=<p> fnr=<n> f1_no_xattn=<g>``.
+a late one only spends budget; written to the run's ``detector_report.json`` as ``loop_threshold``). Prints
+the 3B detector's parameter count by abstract evaluation. Last line: ``accuracy=<a> f1=<f> fpr=<p>
+fnr=<n> f1_no_xattn=<g>``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -139,6 +143,12 @@ def main(argv: list[str]) -> None:
     val_curves = loop_curves(cfg, full, os.path.join(workdir, "data", "val"))
     test_curves = loop_curves(cfg, full, test_dir)
     at_loop = loop_threshold(val_curves, consecutive, cfg.detector.max_early)
+    report_path = os.path.join(full["run_dir"], "detector_report.json")  # the loop's threshold, for the loop
+    with open(report_path) as f:
+        saved = json.load(f)
+    with open(report_path + ".tmp", "w") as f:
+        json.dump({**saved, "loop_threshold": at_loop, "max_early": cfg.detector.max_early}, f, indent=2)
+    os.replace(report_path + ".tmp", report_path)
     print(f"in the loop (held-out test episodes replayed, a query every {cfg.detector.monitor_every} steps, "
           f"{consecutive} consecutive over threshold; goal: <= 5% end early):")
     print(_loop_line("at the F1 threshold", full["threshold"], loop_stops(test_curves, full["threshold"],
