@@ -169,7 +169,7 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
               "test": binary_metrics(*scores["test"], threshold),
               "test_phases": binary_metrics(*scores["test_phases"], threshold), "queries": counts,
               "parameters": parameter_count(det_config), "pruned_dir": pruned_dir, "run_dir": run_dir,
-              "final_loss": history[max(history)].get("loss")}
+              "final_loss": history[max(history)].get("loss") if history else None}  # None: resumed done
     with open(os.path.join(run_dir, "detector_report.json"), "w") as f:
         json.dump(report, f, indent=2)
     # The run describes itself (the export reads it): the pruned directory's config is the backbone's, and
