@@ -244,6 +244,14 @@ class LuantiEnv(gym.Env):
             self.x.key(name, bool(down))
         self._held[name] = down
 
+    def _tap(self, name: str) -> None:
+        """Press and release a key outside the step's held keys (resets)."""
+        self.x.key(name, True)
+        self.x.sync()
+        time.sleep(0.05)
+        self.x.key(name, False)
+        self.x.sync()
+
     def _release_all(self) -> None:
         for name in list(self._held):
             self._set_held(name, 0)
@@ -375,11 +383,7 @@ class LuantiEnv(gym.Env):
         self._grab()
         if not crosshair_visible(self._frame):  # a GUI is open: the inventory key closes any formspec
             for _ in range(3):
-                self.x.key("inventory", True)
-                self.x.sync()
-                time.sleep(0.05)
-                self.x.key("inventory", False)
-                self.x.sync()
+                self._tap("inventory")
                 time.sleep(0.3)
                 if crosshair_visible(self._grab()):
                     break
@@ -416,11 +420,7 @@ class LuantiEnv(gym.Env):
 
         def send():
             self.command(short)
-            self.x.key("hotbar.1", True)
-            self.x.sync()
-            time.sleep(0.05)
-            self.x.key("hotbar.1", False)
-            self.x.sync()
+            self._tap("hotbar.1")
             time.sleep(0.2)  # let the blocks and the teleport arrive before the nudge
             self._await_centre()
             self.x.move(_NUDGE_PX, 0)
