@@ -101,3 +101,26 @@ def test_no_regime_mixing():
     assert not allowed[np.ix_(ng_states, cur)].any() and allowed[np.ix_(ng_states, cam)].any()
     assert not allowed[np.ix_(gui_states, cam)].any() and allowed[np.ix_(gui_states, cur)].any()
     assert Regime.NG == 0
+
+
+def test_without_dual_mouse_one_mouse_token_set_serves_both_regimes():
+    """The ablation's vocabulary (``dual_mouse=False``): a GUI action is written exactly as the same action in
+    NG (the NG type token and the camera tokens), decodes to the same physical action, and the grammar
+    starts a GUI row as an NG one, so the cursor tokens are never produced."""
+    dual = ActionVocab.contiguous("vpt", BASE)
+    shared = ActionVocab.contiguous("vpt", BASE, dual_mouse=False)
+    g = build_grammar(shared, V)
+    cursor_ids = {int(dual.ids[s]) for m in dual.slots.mouse[Regime.GUI] for s in m if s >= 0}
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        a = {k: int(rng.random() < 0.2) for k in BUTTONS}
+        a["camera"] = rng.standard_normal(2) * 5 * (rng.random(2) < 0.7)
+        ids = shared.encode(a, Regime.GUI)
+        np.testing.assert_array_equal(ids, dual.encode(a, Regime.NG))
+        assert not cursor_ids & set(ids.tolist())
+        assert accepts(g, ids, Regime.GUI) and accepts(g, ids, Regime.NG)
+        gui = dual.decode(dual.encode(a, Regime.GUI))[0]
+        np.testing.assert_allclose(shared.decode(ids)[0]["camera"], gui["camera"])
+    allowed = np.asarray(g.allowed)
+    assert (allowed[int(start_state(jnp.asarray(Regime.GUI)))] == allowed[int(Regime.NG)]).all()
+    assert not allowed[:, sorted(cursor_ids)].any()

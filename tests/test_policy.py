@@ -226,3 +226,19 @@ def test_microbatched_action_loss_gradient_is_the_full_batch_one(policy):
     want_loss = (n0 * float(m0["loss"]) + n1 * float(m1["loss"])) / (n0 + n1)
     np.testing.assert_allclose([float(micro_m["loss"]), float(full_m["loss"])], want_loss, rtol=1e-6)
     assert float(micro_m["n_targets"]) == float(full_m["n_targets"]) == 22
+
+
+def test_without_rs_norm_the_pre_norms_have_one_shared_scale():
+    """The ablation's policy (``rs_norm=False``): one [d] scale per pre-norm, 2Ld parameters fewer than with
+    RS-Norm, and the same logits whatever regime the batch says."""
+    shared = tiny_config(rs_norm=False)
+    with_rs = tiny_config()
+    L, d = shared.base.text.num_hidden_layers, shared.base.text.hidden_size
+    n = {c.rs_norm: _n_params(nnx.eval_shape(lambda c=c: Policy(c, rngs=nnx.Rngs(0))))
+         for c in (shared, with_rs)}
+    assert n[True] - n[False] == 2 * L * d
+    policy = Policy(shared, rngs=nnx.Rngs(0))
+    assert policy.model.config.norm_regimes == 1
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
+    logits = [policy.model(ids, regime=jnp.full((2,), r, jnp.int32)) for r in (0, 1)]
+    np.testing.assert_array_equal(np.asarray(logits[0]), np.asarray(logits[1]))

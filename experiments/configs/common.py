@@ -76,13 +76,16 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.kind = "tiny"  # "tiny": random qwen2_5_vl.tiny; "hf": Hugging Face directory hf_path
     c.model.hf_path = ""
-    # The base shape by name (train.setup.NAMED_BASES), used where no hf_path config.json is at hand (the
-    # AOT plan); with one, its config.json is the shape.
+    # The base shape by name (train.setup.NAMED_BASES): a random model's ("tiny" or "small"), or where no
+    # hf_path config.json is at hand (the AOT plan); with one, its config.json is the shape.
     c.model.base = "tiny"
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = "none"
     c.model.max_targets = 16  # target positions per sample at which the loss computes logits
+    # The paper's GUI ideas (PolicyConfig.rs_norm / dual_mouse); experiments.ablation turns them off.
+    c.model.rs_norm = True
+    c.model.dual_mouse = True
 
     c.optimizer = ml_collections.ConfigDict(dict(optimizer.DEFAULTS))
     c.optimizer.learning_rate = 1e-3

@@ -60,7 +60,8 @@ class ActionConstraint:
 
 
 def build_grammar(vocab: ActionVocab, vocab_size: int) -> ActionGrammar:
-    """The automaton of ``vocab``'s actions for a model with ``vocab_size`` logits."""
+    """The automaton of ``vocab``'s actions for a model with ``vocab_size`` logits (without Dual-Mouse,
+    ``vocab.dual_mouse=False``, the GUI start state allows what the NG one does)."""
     if int(vocab.ids.max()) >= vocab_size:
         raise ValueError(f"build_grammar: action token id {int(vocab.ids.max())} >= vocab_size {vocab_size}")
     allowed = np.zeros((N_STATES, vocab_size), bool)
@@ -72,7 +73,7 @@ def build_grammar(vocab: ActionVocab, vocab_size: int) -> ActionGrammar:
         allowed[state, tok[slot]] = True
         nxt[state, tok[slot]] = to
 
-    for r in (Regime.NG, Regime.GUI):
+    for r in (Regime.NG, Regime.GUI) if vocab.dual_mouse else (Regime.NG,):
         allow(int(r), sl.type[r], _pos_state(r, 0))
         order_slots = [list(g) for g in sl.groups] + [[int(s) for s in m if s >= 0] for m in sl.mouse[r]]
         for p in range(_N_POS):
@@ -83,6 +84,8 @@ def build_grammar(vocab: ActionVocab, vocab_size: int) -> ActionGrammar:
             allow(state, sl.end, DONE)
         allow(_pos_state(r, 0), sl.inventory, _pos_state(r, _N_ORDER))
     allow(DONE, sl.end, DONE)
+    if not vocab.dual_mouse:  # one token set: a GUI row starts as an NG action (ActionVocab.dual_mouse)
+        allowed[Regime.GUI], nxt[Regime.GUI] = allowed[Regime.NG], nxt[Regime.NG]
     return ActionGrammar(allowed=jnp.asarray(allowed), next_state=jnp.asarray(nxt))
 
 

@@ -98,6 +98,9 @@ class ActionVocab:
 
     codebook: Codebook
     ids: np.ndarray  # [n_tokens] int64: the vocabulary id of each slot
+    # False: the ablation without Dual-Mouse: every action is written as an NG action (its type token and
+    # the camera tokens), so GUI cursor motion shares the camera's tokens and no token says the regime.
+    dual_mouse: bool = True
 
     def __post_init__(self):
         n = len(token_strings(self.codebook))
@@ -105,10 +108,10 @@ class ActionVocab:
             raise ValueError(f"ActionVocab: ids must be {n} distinct ints >= 0, got shape {self.ids.shape}")
 
     @classmethod
-    def contiguous(cls, codebook: str | Codebook, first_id: int) -> ActionVocab:
+    def contiguous(cls, codebook: str | Codebook, first_id: int, *, dual_mouse: bool = True) -> ActionVocab:
         """Action tokens at ids first_id, first_id + 1, ... (a tiny test model, or a fresh tokenizer)."""
         cb = get_codebook(codebook)
-        return cls(cb, np.arange(first_id, first_id + len(token_strings(cb)), dtype=np.int64))
+        return cls(cb, np.arange(first_id, first_id + len(token_strings(cb)), dtype=np.int64), dual_mouse)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, codebook: str | Codebook) -> ActionVocab:
@@ -168,7 +171,7 @@ class ActionVocab:
         """One unbatched discrete action -> [n] int32 token ids."""
         if action.batch_shape != ():
             raise ValueError(f"encode: one action at a time, got batch shape {action.batch_shape}")
-        r = regime_of(int(regime))
+        r = regime_of(int(regime)) if self.dual_mouse else Regime.NG
         a = action.canonical(self.codebook)
         sl = self.slots
         out = [sl.type[r]]

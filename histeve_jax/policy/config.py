@@ -30,6 +30,11 @@ class PolicyConfig:
     image_size: tuple[int, int] = (56, 56)  # (H, W) of every frame, multiples of 28
     max_targets: int = 16  # target positions per sample at which the loss computes logits
     row_init_noise: float = 0.02  # std of the action rows' noise, relative to the rows' per-dim std
+    # The paper's two GUI ideas, on by default; off, they are the ablation's rows: ``rs_norm=False`` gives
+    # every decoder pre-norm one scale (norm_regimes 1), ``dual_mouse=False`` writes GUI cursor motion with
+    # the camera's tokens and no regime type token (``ActionVocab.dual_mouse``).
+    rs_norm: bool = True
+    dual_mouse: bool = True
 
     def __post_init__(self):
         if any(int(s) % 28 for s in self.image_size):
@@ -39,7 +44,7 @@ class PolicyConfig:
 
     @property
     def vocab(self) -> ActionVocab:
-        return ActionVocab.contiguous(self.codebook, self.action_token_base)
+        return ActionVocab.contiguous(self.codebook, self.action_token_base, dual_mouse=self.dual_mouse)
 
     def check_tokenizer(self, tokenizer: Any) -> None:
         """Raise unless ``tokenizer`` (after ``add_action_tokens``) gives the action tokens these ids."""
@@ -57,7 +62,12 @@ class PolicyConfig:
 
     @property
     def model_config(self) -> Qwen2_5_VLConfig:
-        return self.base.replace(norm_regimes=2, text={"vocab_size": self.vocab_size})
+        return self.base.replace(norm_regimes=self.norm_regimes, text={"vocab_size": self.vocab_size})
+
+    @property
+    def norm_regimes(self) -> int:
+        """Scale rows of every decoder pre-norm: 2 with RS-Norm (NG, GUI), 1 shared."""
+        return 2 if self.rs_norm else 1
 
     @property
     def num_frames(self) -> int:

@@ -1,9 +1,10 @@
 """The HiSTEVE policy module: Qwen2.5-VL with RS-Norm and Dual-Mouse action-token rows.
 
-* RS-Norm: the base model is built with ``norm_regimes=2``, so each decoder layer's pre-attention and
-  pre-MLP RMSNorm keep a [2, d] scale (row 0 NG, row 1 GUI) chosen per sequence by ``regime``; ``load_hf``
-  copies the pretrained scale into both rows, so at initialisation the policy *is* the base model in
-  either regime. Everything else is shared; the policy adds exactly 2 * L * d parameters.
+* RS-Norm: the base model is built with ``norm_regimes=2`` (``PolicyConfig.rs_norm``; 1 in the ablation), so
+  each decoder layer's pre-attention and pre-MLP RMSNorm keep a [2, d] scale (row 0 NG, row 1 GUI) chosen per
+  sequence by ``regime``; ``load_hf`` copies the pretrained scale into both rows, so at initialisation the
+  policy *is* the base model in either regime. Everything else is shared; the policy adds exactly 2 * L * d
+  parameters.
 * Dual-Mouse rows: the action rows (embedding and lm_head) start at the mean of the pretrained rows plus
   small noise: the mean keeps the new inputs in the distribution the layers were trained on and gives each
   action token about the average logit, so the pretrained text distribution barely moves; the noise makes
@@ -60,8 +61,9 @@ class Policy(nnx.Module):
             if rngs is None:
                 raise ValueError("Policy: pass rngs= (random init) or model= (a loaded base model)")
             model = Qwen2_5_VLModel(config.model_config, rngs=rngs)
-        if model.config.norm_regimes != 2:
-            raise ValueError(f"Policy: the model has norm_regimes={model.config.norm_regimes}, expected 2")
+        if model.config.norm_regimes != config.norm_regimes:
+            raise ValueError(f"Policy: the model has norm_regimes={model.config.norm_regimes}, its config "
+                             f"(rs_norm={config.rs_norm}) needs {config.norm_regimes}")
         if model.config.text.vocab_size != config.vocab_size:
             raise ValueError(
                 f"Policy: model vocab_size {model.config.text.vocab_size} != config's {config.vocab_size}"
@@ -73,7 +75,7 @@ class Policy(nnx.Module):
         """The policy at initialisation from a Hugging Face Qwen2.5-VL directory (``load_hf`` keywords)."""
         # the layout the config says (the train state, its checkpoints and plans are built from it), not
         # load_hf's per-backend default
-        overrides = {"norm_regimes": 2, "scan_layers": config.base.scan_layers,
+        overrides = {"norm_regimes": config.norm_regimes, "scan_layers": config.base.scan_layers,
                      **load_kw.pop("config_overrides", {})}
         model = load_hf(path, config_overrides=overrides, **load_kw)
         if model.config.text.vocab_size != config.base.text.vocab_size:

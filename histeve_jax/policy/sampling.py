@@ -27,13 +27,15 @@ from histeve_jax.policy.observations import Observation, observation_inputs, reg
 
 
 @functools.lru_cache(maxsize=8)
-def _grammar(vocab_ids: tuple[int, ...], codebook: str, vocab_size: int) -> grammar.ActionGrammar:
-    return grammar.build_grammar(ActionVocab(get_codebook(codebook), np.asarray(vocab_ids)), vocab_size)
+def _grammar(vocab_ids: tuple[int, ...], codebook: str, vocab_size: int,
+             dual_mouse: bool) -> grammar.ActionGrammar:
+    vocab = ActionVocab(get_codebook(codebook), np.asarray(vocab_ids), dual_mouse)
+    return grammar.build_grammar(vocab, vocab_size)
 
 
 def grammar_of(config: PolicyConfig) -> grammar.ActionGrammar:
     """The constrained-decoding automaton of a policy (one per vocabulary, built once)."""
-    return _grammar(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size)
+    return _grammar(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size, config.dual_mouse)
 
 
 class ActionTokens(NamedTuple):

@@ -35,16 +35,19 @@ from histeve_jax.policy.loss import flat_pixels
 
 
 @functools.lru_cache(maxsize=8)
-def _grammar_tables(vocab_ids: tuple[int, ...], codebook: str, vocab_size: int) -> tuple[np.ndarray, ...]:
+def _grammar_tables(vocab_ids: tuple[int, ...], codebook: str, vocab_size: int,
+                    dual_mouse: bool) -> tuple[np.ndarray, ...]:
     # numpy, built outside any trace: a cached jnp table made inside a jit would be a leaked tracer.
     with jax.ensure_compile_time_eval():
-        g = grammar_lib.build_grammar(ActionVocab(get_codebook(codebook), np.asarray(vocab_ids)), vocab_size)
+        vocab = ActionVocab(get_codebook(codebook), np.asarray(vocab_ids), dual_mouse)
+        g = grammar_lib.build_grammar(vocab, vocab_size)
         return np.asarray(g.allowed), np.asarray(g.next_state)
 
 
 def policy_grammar(config: Any) -> ActionGrammar:
     """The policy's action automaton with constant (numpy-backed) tables, safe to use inside jit."""
-    allowed, nxt = _grammar_tables(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size)
+    allowed, nxt = _grammar_tables(tuple(config.vocab.ids.tolist()), config.codebook, config.vocab_size,
+                                   config.dual_mouse)
     return ActionGrammar(allowed=jnp.asarray(allowed), next_state=jnp.asarray(nxt))
 
 

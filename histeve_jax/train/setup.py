@@ -32,9 +32,11 @@ LossFn = Callable[[nnx.Module, Any, jax.Array], tuple[jax.Array, dict[str, jax.A
 # Base shapes by name, for ``config.model.base`` when no Hugging Face config.json is at hand (planning).
 NAMED_BASES: dict[str, Callable[[], qwen2_5_vl.Qwen2_5_VLConfig]] = {
     "tiny": qwen2_5_vl.tiny,
+    "small": qwen2_5_vl.small,
     "qwen2_5_vl_3b": qwen2_5_vl.qwen2_5_vl_3b,
     "qwen2_5_vl_7b": qwen2_5_vl.qwen2_5_vl_7b,
 }
+RANDOM_BASES = ("tiny", "small")  # the shapes with tiny's small vocabulary, for random (kind "tiny") runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +72,11 @@ POLICY_KEYS = ("input_ids", "attention_mask", "targets", "loss_mask", "regime", 
 
 def _base_config(spec: RunSpec, *, named_base: bool) -> qwen2_5_vl.Qwen2_5_VLConfig:
     m = spec.model
-    if m.kind == "tiny":
-        return qwen2_5_vl.tiny()
+    if m.kind == "tiny":  # a random model: tiny's vocabulary, at the shape config.model.base names
+        if m.base not in RANDOM_BASES:
+            raise ValueError(f"config.model.base={m.base!r}: a random (kind 'tiny') model is one of "
+                             f"{RANDOM_BASES}")
+        return NAMED_BASES[m.base]()
     path = os.path.join(m.hf_path, "config.json")
     if m.hf_path and os.path.exists(path):
         with open(path) as f:
@@ -96,7 +101,8 @@ def policy_config(spec: RunSpec, *, named_base: bool = False) -> PolicyConfig:
     d = spec.data
     base = _base_config(spec, named_base=named_base).replace(**model_overrides(spec))
     kw = dict(codebook=d.codebook, history_frames=d.history if d.kind == "demo" else 0,
-              image_size=d.image_size, max_targets=spec.model.max_targets)
+              image_size=d.image_size, max_targets=spec.model.max_targets, rs_norm=spec.model.rs_norm,
+              dual_mouse=spec.model.dual_mouse)
     if spec.model.kind == "tiny":
         return tiny_config(base=base, **kw)
     return PolicyConfig(base=base, **kw)
@@ -113,7 +119,7 @@ def feature_spec(spec: RunSpec, cfg: PolicyConfig) -> pipeline.FeatureSpec:
             vision_start_token_id=b.vision_start_token_id, vision_end_token_id=b.vision_end_token_id,
             action_base=cfg.action_token_base)
     return pipeline.FeatureSpec(kind=d.kind, history=d.history, stride=d.stride, image_size=d.image_size,
-                                max_len=d.max_len, codebook=d.codebook,
+                                max_len=d.max_len, codebook=d.codebook, dual_mouse=cfg.dual_mouse,
                                 tokenizer_path=d.tokenizer_path or None, compact_vocab=compact)
 
 

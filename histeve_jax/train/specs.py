@@ -35,9 +35,11 @@ def _plain(value: Any) -> Any:
 
 
 def _read(cls: type, group: Mapping[str, Any], where: str, convert: Mapping[str, Any] = {}) -> Any:  # noqa: B006
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
     given = set(group.keys())
-    missing = [n for n in names if n not in given]
+    # A field with a default was added after runs had been written: their config.json may lack it.
+    missing = [f.name for f in fields if f.name not in given and f.default is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{where}: missing field(s) {[f'{where}.{n}' for n in missing]}")
     unknown = sorted(given - set(names))
@@ -45,6 +47,8 @@ def _read(cls: type, group: Mapping[str, Any], where: str, convert: Mapping[str,
         raise ValueError(f"{where}: unknown field(s) {[f'{where}.{n}' for n in unknown]}; known: {names}")
     values = {}
     for n in names:
+        if n not in given:
+            continue
         v = _plain(group[n])
         try:
             values[n] = convert[n](v) if n in convert else v
@@ -62,6 +66,9 @@ class ModelSpec:
     param_dtype: str
     remat: str
     max_targets: int  # target positions per sample at which the loss computes logits
+    # added after runs had been written (defaults: what those runs were)
+    rs_norm: bool = True  # RS-Norm's two pre-norm scales (False: one shared, the ablation's row)
+    dual_mouse: bool = True  # disjoint camera/cursor tokens after a type token (False: one mouse token set)
 
     def __post_init__(self):
         if self.kind not in ("tiny", "hf"):

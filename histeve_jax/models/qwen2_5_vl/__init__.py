@@ -1,6 +1,7 @@
 """Flax NNX port of Qwen2.5-VL (transformers' `Qwen2_5_VLForConditionalGeneration`), logit-exact.
 
-- `Qwen2_5_VLConfig` (+ `qwen2_5_vl_3b()`, `qwen2_5_vl_7b()`, `tiny()`) reads/writes HF config.json.
+- `Qwen2_5_VLConfig` (+ `qwen2_5_vl_3b()`, `qwen2_5_vl_7b()`, `tiny()`, `small()`) reads/writes HF
+  config.json.
 - `Qwen2_5_VLModel(cfg, rngs=...)`: `model(input_ids, attention_mask=..., pixel_values=...,
   image_grid_thw=...)` -> logits; `model.hidden_states(...)` for final hidden states. Grids (`*_grid_thw`)
   must be concrete (numpy or tuples): they fix the number of vision tokens.
@@ -16,6 +17,7 @@ from histeve_jax.models.qwen2_5_vl.config import (
     VisionConfig,
     qwen2_5_vl_3b,
     qwen2_5_vl_7b,
+    small,
     tiny,
 )
 from histeve_jax.models.qwen2_5_vl.generate import GenerateOutput, Sampler, SamplingOptions, generate
@@ -38,5 +40,6 @@ __all__ = [
     "save_hf",
     "qwen2_5_vl_3b",
     "qwen2_5_vl_7b",
+    "small",
     "tiny",
 ]
