@@ -134,6 +134,29 @@ def test_inventory_key_opens_the_gui_and_camera_moves_the_cursor(env):
     assert not info["is_gui_open"] and info["cursor"] is None
 
 
+def test_the_gui_frame_shows_the_pointer_where_the_cursor_is(env):
+    """The grabbed frame has no pointer (the X server draws it apart); the observation gets the arrow at the
+    reported cursor in a GUI, and nothing in play."""
+    from histeve_jax.envs.cursor import draw_cursor
+
+    obs, info = env.reset(options={"task": "craft_planks"})
+    assert info["cursor"] is None and np.array_equal(obs["image"], env._obs(info)["image"])
+    env.step(_act(inventory=1))
+    _steps(env, noop_action(), 4)
+    obs, _, _, _, info = env.step(_act(camera=[-3.0, 9.0]))  # over the dark formspec, off the slots
+    x, y = info["cursor"]
+    raw = env.render()
+    assert not (raw[y + 4:y + 20, x + 2:x + 8] == 255).all(axis=-1).any()  # no white arrow in the grab
+    drawn = draw_cursor(raw, (x, y), env.cursor_scale)
+    assert (drawn[y + 4:y + 20, x + 2:x + 8] == 255).all(axis=-1).sum() >= 40
+    h, w = obs["image"].shape[:2]
+    sy, sx = h / raw.shape[0], w / raw.shape[1]  # the arrow's fill, shrunk with the frame, still shows white
+    box = obs["image"][int(y * sy):int((y + 24) * sy) + 1, int(x * sx):int((x + 12) * sx) + 1]
+    assert box.min(axis=-1).max() > 200
+    env.step(_act(inventory=1))
+    _steps(env, noop_action(), 4)
+
+
 def test_expert_crafts_planks_in_the_inventory_gui(env):
     task = load_task("craft_planks")
     _, info = env.reset(options={"task": task})

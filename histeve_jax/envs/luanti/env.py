@@ -6,14 +6,18 @@ histeve_bridge mod's JSON file. Steps are paced to 50 ms of wall time because th
 GUI state: the server is not told when the client opens its inventory or a furnace, so ``is_gui_open`` is read
 from the frame itself: the crosshair (white pixels in the centre) is drawn in play and hidden under every
 formspec. ``cursor`` is the X pointer position while a GUI is open (in play minetest re-centres the pointer
-every frame).
+every frame). The grabbed frame does not show the pointer (the X server draws it apart), so observations
+get an arrow drawn at ``cursor`` (``envs.cursor``, ``cursor_scale`` times the 16 px sprite;
+``show_cursor=False`` leaves the frame as grabbed).
 
 Timing: within a step the keys and buttons change first, then the mouse moves (in play, once the client has
 re-centred the pointer after the last motion, see ``_await_centre``); the frame is grabbed 50 ms after the
 previous one. A reset returns once the client itself reports the start pose (``_settle_start``). The
 client applies input at its next rendered frame (fps_max 30) and the formspec reads the pointer once per
-frame, so in a GUI a click should follow a motion by a step or more. The privileged state lags the frame
-by about one server step (50 ms); under CPU load both lags grow.
+frame, so a GUI click is held back until 0.1 s after the last pointer motion, and a motion 0.1 s after a
+release in the same step (the step then takes longer than 50 ms): a one-step click in the step after the
+move lands, and is let go, where the pointer is. The privileged state lags the
+frame by about one server step (50 ms); under CPU load both lags grow.
 
 Determinism: the world is minetest_game on the flat mapgen at a fixed seed, the arena is rebuilt at every
 reset (see arena.py), time does not pass (time_speed 0, noon), clouds are off (minetest_game's weather only
@@ -48,6 +52,7 @@ from histeve_jax.envs.base import (
     validate_action,
     wrap_degrees,
 )
+from histeve_jax.envs.cursor import draw_cursor
 from histeve_jax.envs.luanti.arena import DEFAULT_POS, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
@@ -62,6 +67,10 @@ _LOST = (OSError, ConnectionError, ConnectionClosedError, XError, DisplayError, 
 # it to the screen, so larger motions are split across frames.
 _MAX_DX, _MAX_DY = 300, 170
 _NUDGE_PX = 20  # the pointer motion that confirms the client took the reset's look (3 degrees)
+# A GUI click waits until this long after the last pointer motion, and a motion this long after a release
+# in the same step: the formspec takes the slot under the pointer from its last drawn frame, and under load
+# a client draws less often than every 50 ms step.
+_CLICK_AFTER_MOVE_S = 0.1
 
 
 def crosshair_visible(frame: np.ndarray) -> bool:
@@ -91,6 +100,8 @@ class LuantiEnv(gym.Env):
         startup_timeout_s: float = 90.0,
         terminate_on_success: bool = True,
         randomize_init: bool = False,
+        show_cursor: bool = True,
+        cursor_scale: int = 2,
     ):
         if len(obs_size) != 2 or min(obs_size) < 1:
             raise ValueError(f"obs_size must be (H, W) with positive sizes, got {obs_size}")
@@ -104,6 +115,8 @@ class LuantiEnv(gym.Env):
         self.startup_timeout_s = startup_timeout_s
         self.terminate_on_success = terminate_on_success
         self.randomize_init = randomize_init
+        self.show_cursor = show_cursor
+        self.cursor_scale = int(cursor_scale)
         self.episode_task = self.task
         self.observation_space = spaces.Dict(
             {"image": spaces.Box(0, 255, (*self.obs_size, 3), dtype=np.uint8)})
@@ -115,6 +128,7 @@ class LuantiEnv(gym.Env):
         self._grabber = None
         self._held: dict[str, int] = {}
         self._residual = np.zeros(2)  # sub-pixel motion carried to the next step, [dy, dx]
+        self._moved_at = 0.0  # time of the last pointer motion in a GUI
         self._cmd_id = 0
         self._steps = 0
         self._last_t = 0.0
@@ -263,7 +277,9 @@ class LuantiEnv(gym.Env):
         self._residual = want - px
         dy, dx = int(px[0]), int(px[1])
         if gui:
-            self.x.move(dx, dy)  # the pointer is free in a GUI; X clamps it to the screen
+            if dx or dy:
+                self.x.move(dx, dy)  # the pointer is free in a GUI; X clamps it to the screen
+                self._moved_at = time.monotonic()
             return
         while dx or dy:
             sx, sy = max(-_MAX_DX, min(_MAX_DX, dx)), max(-_MAX_DY, min(_MAX_DY, dy))
@@ -296,15 +312,15 @@ class LuantiEnv(gym.Env):
         self._frame = np.ascontiguousarray(bgra[:, :, 2::-1])
         return self._frame
 
-    def _obs(self) -> dict[str, np.ndarray]:
+    def _obs(self, info: dict[str, Any]) -> dict[str, np.ndarray]:
         h, w = self.obs_size
-        img = self._frame
+        img = draw_cursor(self._frame, info["cursor"], self.cursor_scale) if self.show_cursor else self._frame
         if (h, w) != img.shape[:2]:
             img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
         return {"image": img}
 
     def render(self) -> np.ndarray:
-        """The last full-size 360x640 frame."""
+        """The last full-size 360x640 frame, as grabbed (without the drawn cursor)."""
         return self._frame
 
     def _info(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -396,7 +412,8 @@ class LuantiEnv(gym.Env):
         self._grab()
         state = self._read_state()
         self._last_t = time.monotonic()
-        return self._obs(), self._info(state)
+        info = self._info(state)
+        return self._obs(info), info
 
     def _settle_start(self) -> None:
         """Wait until the client itself holds the start pose, confirmed through a round trip.
@@ -470,9 +487,21 @@ class LuantiEnv(gym.Env):
         self._check()
         gui = not crosshair_visible(self._frame)
         try:
+            if gui and any(a[b] and not self._held.get(b) for b in MOUSE_BUTTONS):
+                # a person clicks what the screen shows: a press right after a motion would land on the
+                # slot the client drew last, not on the one now under the pointer
+                wait = self._moved_at + _CLICK_AFTER_MOVE_S - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            released = gui and any(self._held.get(b) and not a[b] for b in MOUSE_BUTTONS)
             for name in BUTTONS:
                 self._set_held(name, a[name])
             cam = a[CAMERA]
+            if released and np.any(cam):
+                # and releases before it moves on: a release the client handles after the motion, in the
+                # same frame, would drop the stack where the pointer went (a drag)
+                self.x.sync()
+                time.sleep(_CLICK_AFTER_MOVE_S)
             self._move(float(cam[0]), float(cam[1]), gui)
             self.x.sync()
             if self.realtime:
@@ -493,7 +522,7 @@ class LuantiEnv(gym.Env):
             reward = 1.0
         terminated = bool(info["success"] and self.terminate_on_success)
         truncated = self._steps >= self.task.max_steps
-        return self._obs(), reward, terminated, truncated, info
+        return self._obs(info), reward, terminated, truncated, info
 
     def __del__(self):
         try:
