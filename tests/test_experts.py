@@ -141,3 +141,72 @@ def test_place_expert_stops_at_its_goal(env):
         if terminated or truncated:
             break
     assert phase == "done" and info["place_block"] == {"default:dirt": 2}
+
+
+def _disturbed(env, name, seed, prefix):
+    """Play the env-format actions of ``prefix`` (a policy's stray moves), then let a fresh expert take over
+    from the state they left; returns the final info, the expert's subtasks and the subtask of each of its
+    inventory-key presses."""
+    task = load_task(name)
+    _, info = env.reset(seed=seed, options={"task": task})
+    for action in prefix:
+        _, _, _, _, info = env.step({**base.noop_action(), **action})
+    expert = expert_for(task)
+    expert.reset(info)
+    subtasks, presses = [], []
+    for _ in range(task.max_steps):
+        action, subtask = expert.act(info)
+        if not subtasks or subtasks[-1] != subtask:
+            subtasks.append(subtask)
+        if action["inventory"]:
+            presses.append(subtask)
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    return info, subtasks, presses
+
+
+def _cursor(dyaw, dpitch=0.0):
+    import numpy as np
+
+    return {"camera": np.asarray([dpitch, dyaw], np.float32)}
+
+
+@pytest.mark.game
+def test_craft_expert_takes_over_with_the_inventory_open_and_the_grid_wrong(env):
+    """DAgger's takeover: an expert started in a state a policy left (inventory open, cursor far off, the log
+    dropped in the wrong grid cell) keeps the GUI open, clears the wrong cell and crafts."""
+    from histeve_jax.envs.experts import CRAFT_XY, cursor_move
+
+    wait = [{}] * 3
+    prefix = [{"inventory": 1}, *[{}] * 12]  # open the inventory; the cursor starts at the centre
+    info_cursor = (320, 180)
+
+    def to(xy):
+        nonlocal info_cursor
+        moves = []
+        for _ in range(12):
+            dy, dx = cursor_move(xy[0] - info_cursor[0], xy[1] - info_cursor[1])
+            if (dy, dx) == (0.0, 0.0):
+                break
+            moves.append(_cursor(dx, dy))
+            info_cursor = (info_cursor[0] + dx * base.PIXELS_PER_DEGREE,
+                           info_cursor[1] + dy * base.PIXELS_PER_DEGREE)
+        return moves
+
+    prefix += to(SLOT_XY[1]) + wait + [{"attack": 1}, {}]  # the log onto the cursor
+    prefix += to(CRAFT_XY[(2, 2)]) + wait + [{"use": 1}, {}]  # one log into the wrong cell
+    prefix += to((560, 40)) + wait  # and the cursor far off, over the world
+    info, subtasks, presses = _disturbed(env, "craft_planks", 11, prefix)
+    assert info["success"], f"subtasks {subtasks}, grid {info['craft_grid']}, inventory {info['inventory']}"
+    assert "clear_grid" in subtasks and set(presses) <= {"close_inventory"}  # never closed, then reopened
+
+
+@pytest.mark.game
+def test_world_expert_takes_over_with_the_inventory_open(env):
+    """An expert of a world task, handed a state with the inventory open (a policy opened it), closes the GUI
+    first and then does its task."""
+    prefix = [{"inventory": 1}, *[{}] * 10, _cursor(5.8, -3.2)]
+    info, subtasks, presses = _disturbed(env, "place_dirt", 12, prefix)
+    assert info["success"] and subtasks[0] == "close_inventory", subtasks
+    assert presses[:1] == ["close_inventory"]

@@ -55,6 +55,7 @@ class ChainExpert(Expert):
             while True:
                 # the stage expert sees the chain's info and its dead-reckoned look
                 ex.info, ex.est_yaw, ex.est_pitch = self.info, self.est_yaw, self.est_pitch
+                ex._last_action = self._last_action
                 try:
                     action, phase = next(gen)
                 except StopIteration:

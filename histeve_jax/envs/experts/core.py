@@ -68,17 +68,30 @@ def _clamp(v: float, m: float = MAX_TURN) -> float:
 
 
 class Expert:
-    """A scripted policy for one task; `act` returns the next action and the current subtask name."""
+    """A scripted policy for one task; `act` returns the next action and the current subtask name.
+
+    An expert starts from any state an agent can leave: a GUI left open is closed first unless the expert
+    works in the inventory (``in_inventory``), and the GUI experts take the grid, cursor and inventory as
+    they find them (DAgger relabels the states a policy reached this way).
+    """
+
+    in_inventory = False  # the expert's plan begins in the inventory GUI (if it is open, it stays open)
 
     def __init__(self, task: Task):
         self.task = task
         self._gen: Iterator[tuple[dict[str, Any], str]] | None = None
         self.info: dict[str, Any] = {}
+        self._last_action: dict[str, Any] = noop_action()  # what act returned last (click releases by it)
 
     def reset(self, info: dict[str, Any]) -> None:
         self.info = info
-        self._gen = self.plan()
+        self._gen = self._from_here()
         self._sync_look(info)
+
+    def _from_here(self) -> Iterator[tuple[dict[str, Any], str]]:
+        if self.info.get("is_gui_open") and not self.in_inventory:
+            yield from self.close_inventory()
+        yield from self.plan()
 
     def _sync_look(self, info: dict[str, Any]) -> None:
         self.est_yaw, self.est_pitch = float(info["yaw"]), float(info["pitch"])
@@ -88,7 +101,7 @@ class Expert:
         """Next (action, subtask) given the info the env returned for the last step."""
         self.info = info
         if self._gen is None:
-            self._gen = self.plan()
+            self._gen = self._from_here()
             self._sync_look(info)
         # The reported look lags the commanded one by a step or two (client -> server -> mod), so aim with
         # dead reckoning (camera degrees map exactly onto the view) and re-sync once the view is still.
@@ -98,6 +111,7 @@ class Expert:
             action, subtask = next(self._gen)
         except StopIteration:
             action, subtask = noop_action(), "done"
+        self._last_action = action
         cam = np.asarray(action["camera"], np.float64)
         if info["is_gui_open"] or not cam.any():
             self._still += 1
@@ -152,6 +166,8 @@ class Expert:
     # ---- GUI
 
     def open_inventory(self):
+        if self.info["is_gui_open"]:  # already open (an expert taking over from an agent mid-GUI)
+            return
         # A press that reaches the client in the same frame as the previous close can be swallowed by the
         # closing formspec, so press again if no GUI shows up within a second.
         for _press in range(3):
@@ -183,12 +199,20 @@ class Expert:
             yield _act(camera=list(move)), subtask
         raise RuntimeError(f"cursor did not reach {xy} (at {self.info['cursor']})")
 
-    def click(self, button: str, subtask: str, settle: int = 3):
-        # minetest's formspec reads the pointer once per rendered frame, so a click sent before the client has
-        # drawn a frame at the new pointer position lands on the old one; pause on the slot first.
+    def click(self, button: str, subtask: str, settle: int = 0):
+        """Press ``button`` in the step after the move that got there (``settle`` steps later).
+
+        minetest's formspec reads the pointer once per rendered frame, so a click must come a frame after
+        the motion: the next step is 50 ms later, over a frame at fps_max 30. No fixed pause: a pause that
+        the screen does not show is a timer the policy cannot see, and its demonstrations then hold a
+        no-op and the click in the same observed state (greedy decoding waits forever). The button is
+        released by the next action (the env releases before it moves); only a second click on the same
+        spot needs a release step of its own.
+        """
         yield from self.wait(settle, subtask)
+        if self._last_action.get(button):
+            yield noop_action(), subtask
         yield _act(**{button: 1}), subtask
-        yield noop_action(), subtask
 
     def select(self, item: str, subtask: str):
         """Press the hotbar key of the slot holding `item`, first moving it into the hotbar if it is in the

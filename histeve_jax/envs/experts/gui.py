@@ -23,6 +23,8 @@ from histeve_jax.envs.tasks import Task
 class CraftExpert(Expert):
     """Open the inventory, lay out a recipe in the 3x3 grid by clicking, take the output, close."""
 
+    in_inventory = True
+
     def __init__(self, task: Task, output: str, goal: int):
         super().__init__(task)
         self.output, self.goal = output, goal
