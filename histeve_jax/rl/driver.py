@@ -18,8 +18,9 @@ from typing import Any
 
 import ml_collections
 
+from histeve_jax.rl.order import DONE_FILE
 from histeve_jax.rl.spec import RLSpec
-from histeve_jax.rl.stream import DONE_FILE, STATUS_FILE
+from histeve_jax.rl.stream import STATUS_FILE
 
 
 def learner_config(start_run: str, overrides: Mapping[str, Any], rl: RLSpec, workdir: str) -> Any:
