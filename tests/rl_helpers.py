@@ -10,8 +10,8 @@ from histeve_jax.data.records import ShardWriter, StepRecord, encode_frame
 from histeve_jax.envs.tasks import load_task
 from histeve_jax.eval.rollout import EpisodeResult, RandomAgent, jsonable_action
 from histeve_jax.rl import scoring
+from histeve_jax.rl.order import GROUP_PREFIX
 from histeve_jax.rl.samples import group_records
-from histeve_jax.rl.stream import GROUP_PREFIX
 
 TINY_ACTION_BASE = 320  # qwen2_5_vl.tiny's table: the action rows follow its 320 rows
 

@@ -37,6 +37,21 @@ def test_initialize_off_or_single_host_does_nothing(monkeypatch):
         multihost.initialize("yes")
 
 
+def test_section_rows_cut_a_hosts_rows_along_the_batch_layout():
+    # [2 GRPO | 4 pair | 2 replay] rows; 2 hosts of 4 rows each
+    sizes = (2, 4, 2)
+    assert multihost.section_rows(slice(0, 4), sizes) == [slice(0, 2), slice(0, 2), slice(0, 0)]
+    assert multihost.section_rows(slice(4, 8), sizes) == [slice(2, 2), slice(2, 4), slice(0, 2)]
+    assert multihost.section_rows(slice(0, 8), sizes) == [slice(0, 2), slice(0, 4), slice(0, 2)]
+    # every row of the batch lands in exactly one host's part of one section
+    for hosts in (1, 2, 4, 8):
+        n = 8 // hosts
+        parts = [multihost.section_rows(slice(h * n, (h + 1) * n), sizes) for h in range(hosts)]
+        for i, size in enumerate(sizes):
+            covered = [r for p in parts for r in range(size)[p[i]]]
+            assert covered == list(range(size))
+
+
 def _worker(process_id: int, port: int, workdir: str) -> None:
     """One host of a 2-host job: local rows -> global batch -> a sharded step and a checkpoint."""
     import jax

@@ -19,9 +19,9 @@ from histeve_jax.policy import ActionSampler, Policy, policy_processor, tiny_con
 from histeve_jax.rl.driver import learner_config
 from histeve_jax.rl.learner import Reference, RLBatches, make_rl_batches, rl_stage
 from histeve_jax.rl.loss import sampling_log_probs
+from histeve_jax.rl.order import DONE_FILE
 from histeve_jax.rl.samples import RLFeaturize
 from histeve_jax.rl.spec import RLSpec
-from histeve_jax.rl.stream import DONE_FILE
 from histeve_jax.rl.weights import RLPolicyServer, latest_step, load_params
 from histeve_jax.train import loop, setup
 from histeve_jax.train import optimizer as optimizer_lib

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from histeve_jax.data import pipeline
-from histeve_jax.data.records import encode_frame
+from histeve_jax.data.records import RecordError, encode_frame
 from histeve_jax.losses.rl import RLLossConfig
-from histeve_jax.rl.stream import DONE_FILE, FeaturizePlan, GroupStream
+from histeve_jax.rl.order import DONE_FILE
+from histeve_jax.rl.stream import FeaturizePlan, GroupStream
 from tests import rl_helpers
 
 LOSS = RLLossConfig(dpo_window=2)
@@ -128,3 +129,51 @@ def test_rl_samples_target_the_sampled_tokens_with_their_recorded_log_probs(tmp_
     assert checked == 6
     assert encode_frame(np.zeros((56, 56, 3), np.uint8))  # the helper's frames are real JPEGs
     assert os.path.basename(str(d))
+
+
+def test_a_host_featurizes_only_its_rows_of_the_global_batch(tmp_path):
+    d = tmp_path / "r"
+    rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 6, [True, False], length=4, diverge=2),
+                           "000000-a")
+    spec = pipeline.FeatureSpec(history=1, stride=2, max_len=80,
+                                compact_vocab=pipeline.CompactVocab(action_base=rl_helpers.TINY_ACTION_BASE))
+    plan = next(_stream(d))  # 4 GRPO rows | 4 pair rows (one pair, window 2)
+    whole = FeaturizePlan(spec).map(plan)
+    calls = []
+    host = FeaturizePlan(spec, rows=slice(2, 6))  # the last 2 GRPO rows and the first 2 pair rows
+    featurize = host.featurize.map
+    host.featurize.map = lambda w: calls.append(w) or featurize(w)
+    mine = host.map(plan)
+    assert len(calls) == 4  # the other hosts' rows are never featurized here
+    assert mine["rl_real"].tolist() == whole["rl_real"][2:].tolist() and len(mine["rl_real"]) == 2
+    assert mine["pair_id"].tolist() == whole["pair_id"][:2].tolist() == [0, 0]
+    assert mine["chosen"].tolist() == whole["chosen"][:2].tolist() == [True, True]
+    for k, v in whole["rl"].items():
+        np.testing.assert_array_equal(mine["rl"][k], v[2:])
+        np.testing.assert_array_equal(mine["pair"][k], whole["pair"][k][:2])
+    other = FeaturizePlan(spec, rows=slice(6, 8)).map(plan)  # a host holding pair rows only
+    assert len(other["rl_real"]) == 0 and other["rl"]["input_ids"].shape == (0, 80)
+    assert other["pair_id"].tolist() == [0, 0] and other["chosen"].tolist() == [False, False]
+
+
+def test_the_smallest_new_name_comes_next_and_a_restore_continues_or_says_why_not(tmp_path):
+    d = tmp_path / "r"
+    rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 1, [True, False], length=2), "000001-a")
+    s = _stream(d)
+    first = _sig(next(s))  # takes group 1, the only one
+    saved = s.get_state()
+    # a group whose name sorts first appears later: it comes after the one taken, in every stream
+    rl_helpers.write_group(str(d), rl_helpers.group("mine_dirt", 0, [True, False], length=2), "000000-a")
+    (d / DONE_FILE).write_text("done")
+    rest = [_sig(next(s)) for _ in range(1)]
+    with pytest.raises(StopIteration):
+        next(s)
+    assert s.shards == ["group-000001-a-00000.array_record", "group-000000-a-00000.array_record"]
+    again = _stream(d)
+    again.set_state(saved)
+    assert [_sig(next(again)) for _ in range(1)] == rest and again.shards == s.shards
+    assert first != rest[0]
+    # a checkpoint's current group that no longer reads cannot be continued exactly: it says so
+    (d / "group-000001-a-00000.array_record").write_bytes(b"\x00gone" * 50)
+    with pytest.raises(RecordError, match="does not read now"):
+        _stream(d).set_state(saved)

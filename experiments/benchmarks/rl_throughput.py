@@ -59,8 +59,8 @@ def learner_samples_per_second(workdir: str, root: str, steps: int) -> float:
     from experiments.configs.rl import get_config
     from histeve_jax.rl.driver import learner_config
     from histeve_jax.rl.learner import rl_stage
+    from histeve_jax.rl.order import DONE_FILE
     from histeve_jax.rl.spec import RLSpec
-    from histeve_jax.rl.stream import DONE_FILE
     from histeve_jax.train.loop import train
     from histeve_jax.train.specs import RunSpec
 

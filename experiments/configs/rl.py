@@ -68,6 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.variant = variant
     c.role = "all"  # "all": evaluate, learn and act here; "learner" / "actors": one side (launch/rl.md)
+    c.distributed = "auto"  # the learner's jax.distributed; "on" on a multi-host slice (launch/tpu.sh)
     c.workdir = f"/tmp/histeve_runs/rl_{variant}"
     c.start_run = "/tmp/histeve_runs/imitation_tiny"  # stage 2's workdir (the tiny one runs first if absent)
     c.task = ""  # "": the weakest atomic task of the start run's evaluation with some success

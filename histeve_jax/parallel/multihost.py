@@ -1,14 +1,17 @@
 """Multi-host (multi-controller) helpers: distributed start-up and process-local batches to global arrays.
 
 On a pod every host runs the same program; ``initialize`` connects them (``jax.distributed.initialize``),
-each host loads only its rows of the global batch (:func:`process_rows`), and :func:`global_batch` assembles
-them into one global ``jax.Array`` sharded over the batch axes without moving data between hosts.
+each host loads only its rows of the global batch (:func:`process_rows`; :func:`section_rows` for a batch
+laid out as consecutive sections), and :func:`global_batch` assembles them into one global ``jax.Array``
+sharded over the batch axes without moving data between hosts. A decision one host makes for all (which
+shard comes next) travels through the distributed runtime's key-value store (:func:`publish`,
+:func:`published`, :func:`try_published`), not through a collective on the devices.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -97,6 +100,51 @@ def process_rows(sharding: NamedSharding, global_batch: int) -> slice:
     if not covered[lo:hi].all():
         raise ValueError(f"process {jax.process_index()} holds non-contiguous batch rows under {sharding}")
     return slice(lo, hi)
+
+
+def section_rows(rows: slice, sizes: Sequence[int]) -> list[slice]:
+    """For a global batch laid out as consecutive sections of ``sizes`` rows: the part of ``rows`` (this
+    host's, :func:`process_rows`) in each section, as a slice of that section's own rows (maybe empty)."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(slice(min(max(rows.start - start, 0), n), min(max(rows.stop - start, 0), n)))
+        start += n
+    return out
+
+
+def _kv_client() -> Any:
+    # jax's own multihost_utils reaches the coordination service's client the same way.
+    from jax._src import distributed
+
+    if distributed.global_state.client is None:
+        raise RuntimeError("jax.distributed is not initialised: there is no key-value store to agree through")
+    return distributed.global_state.client
+
+
+def publish(key: str, value: str) -> None:
+    """Store ``value`` under ``key`` in the job's key-value store, for every host to read with
+    :func:`published`; a key is set once per job (setting it again raises)."""
+    _kv_client().key_value_set(key, value)
+
+
+def try_published(key: str) -> str | None:
+    """The value stored under ``key``, or None if none is yet (no waiting)."""
+    try:
+        return _kv_client().key_value_try_get(key)
+    except jax.errors.JaxRuntimeError as e:
+        if "NOT_FOUND" in str(e):
+            return None
+        raise
+
+
+def published(key: str, timeout_s: float) -> str:
+    """The value stored under ``key``, waiting up to ``timeout_s`` for another host to :func:`publish` it."""
+    try:
+        return _kv_client().blocking_key_value_get(key, max(int(timeout_s * 1000), 1))
+    except jax.errors.JaxRuntimeError as e:
+        if "DEADLINE_EXCEEDED" in str(e):
+            raise TimeoutError(f"no value for {key!r} after {timeout_s:.0f} s (is process 0 alive?)") from e
+        raise
 
 
 def global_batch(local: Any, sharding: NamedSharding, global_batch_size: int) -> Any:

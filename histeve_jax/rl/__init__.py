@@ -4,7 +4,7 @@
 - ``samples``: a group as step records; ``RLFeaturize`` (a step -> a sample with its advantage and the
   behaviour log-probs);
 - ``stream``: the learner's grain source over a growing set of group shards (exact state, DPO pairs,
-  staleness bound);
+  staleness bound); ``order``: the one order of the shards that all the learner's hosts follow;
 - ``loss``: ``L_post`` on a mixed batch from ``losses.rl``'s pure pieces;
 - ``learner``: the RL ``Stage`` of the shared train loop, its mixed batches and the frozen reference;
 - ``weights``: the actors' policy server following the learner's checkpoints;

@@ -30,9 +30,10 @@ from histeve_jax.data.records import ShardWriter
 from histeve_jax.envs.tasks import load_task
 from histeve_jax.eval.fleet import EpisodeSpec
 from histeve_jax.rl import scoring
+from histeve_jax.rl.order import GROUP_PREFIX
 from histeve_jax.rl.samples import group_records
 from histeve_jax.rl.spec import RLSpec
-from histeve_jax.rl.stream import GROUP_PREFIX, STATUS_FILE
+from histeve_jax.rl.stream import STATUS_FILE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,12 +18,15 @@ from typing import Any
 
 import ml_collections
 
+from histeve_jax.rl.order import DONE_FILE
 from histeve_jax.rl.spec import RLSpec
-from histeve_jax.rl.stream import DONE_FILE, STATUS_FILE
+from histeve_jax.rl.stream import STATUS_FILE
 
 
-def learner_config(start_run: str, overrides: Mapping[str, Any], rl: RLSpec, workdir: str) -> Any:
-    """The learner's train config: the start run's, with init_from=start, RL's batch and loop fields."""
+def learner_config(start_run: str, overrides: Mapping[str, Any], rl: RLSpec, workdir: str,
+                   distributed: Any = "auto") -> Any:
+    """The learner's train config: the start run's, with init_from=start, RL's batch and loop fields and
+    ``distributed`` (the learner's jax.distributed mode: its hosts are not the start run's)."""
     path = os.path.join(start_run, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{start_run}: no config.json (not a run's workdir)")
@@ -32,6 +35,7 @@ def learner_config(start_run: str, overrides: Mapping[str, Any], rl: RLSpec, wor
     d.pop("eval", None)
     o = dict(overrides)
     d.update(stage="rl", workdir=workdir, init_from=start_run, eval_every=0, progress_bar=False,
+             distributed=distributed,
              stop_at_step=o.pop("stop_at_step", -1), num_train_steps=o.pop("num_train_steps"),
              checkpoint_every=o.pop("checkpoint_every"), keep_checkpoints=o.pop("keep_checkpoints"),
              log_every=o.pop("log_every"), microbatches=o.pop("microbatches", 1))
@@ -96,7 +100,8 @@ def resolve(c: Any) -> tuple[RLSpec, str, str, Any]:
         with open(os.path.join(c.start_run, "eval", "summary.json")) as f:
             task = weakest_task(json.load(f))
     learner_dir = os.path.join(workdir, "learner")
-    return rl, task, learner_dir, learner_config(c.start_run, c.learner.to_dict(), rl, learner_dir)
+    cfg = learner_config(c.start_run, c.learner.to_dict(), rl, learner_dir, c.get("distributed", "auto"))
+    return rl, task, learner_dir, cfg
 
 
 def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any, deadline: float) -> dict:

@@ -4,19 +4,22 @@ Actors write each complete group as one shard ``group-<id>-00000.array_record`` 
 renamed, see ``data.records.ShardWriter``), so a shard that is visible is a whole group. ``GroupStream`` is
 a ``grain.DatasetIterator`` whose elements are the batch *plans* of the groups, one per learner step:
 
-* shards are taken in discovery order (new names sorted at each look), and the order taken so far is part
-  of the state, so a restored iterator re-reads exactly the shards it had and continues where it stopped,
-  whatever appeared since; when none is new it waits (``poll_s``) and ends (``StopIteration``) once the
-  ``DONE`` file says the actors finished, or raises after ``timeout_s``;
+* shards are taken in one order that every host follows (``rl.order``: process 0 takes the smallest new
+  name and publishes it), and the names taken so far are part of the state, so a restored iterator
+  re-reads exactly the shards it had and continues where it stopped, whatever appeared since; when none is
+  new it waits (``poll_s``) and ends (``StopIteration``) once the ``DONE`` file says the actors finished,
+  or raises after ``timeout_s``;
 * a group's RL samples (each step with sampled tokens) are shuffled by a seed and the shard's name, then cut
   into plans of ``rl_rows`` rows (the last one padded); each plan also carries ``pair_units`` DPO pairs of
   the group (every failure paired with a success, on the window from their first divergence), cycling;
 * a plan whose group's weights lag the learner by more than ``max_policy_lag`` steps is dropped (the rest of
   that group too) and counted: the staleness bound; the largest lag trained on is reported;
-* a shard that does not read or decode is skipped and counted (``rl/bad_shards``).
+* a shard that does not read or decode is skipped by every host and counted (``rl/bad_shards``).
 
-``FeaturizePlan`` (a grain map) featurizes a plan's rows with ``samples.RLFeaturize``; a row that fails is a
-padding row (mask 0), counted. The state is a small JSON dict (``get_state``/``set_state``).
+Every host holds the same plans (windows: the records' encoded frames, not features). ``FeaturizePlan`` (a
+grain map) featurizes with ``samples.RLFeaturize`` only the rows of a plan that are this host's rows of the
+global batch [GRPO rows | pair rows | ...]; a row that fails is a padding row (mask 0), counted. The state
+is a small JSON dict (``get_state``/``set_state``), the same on every host.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import time
 import zlib
 from typing import Any
 
@@ -35,10 +37,10 @@ from absl import logging
 from histeve_jax.data import pipeline
 from histeve_jax.data import records as R
 from histeve_jax.losses.rl import RLLossConfig, divergence_window
+from histeve_jax.parallel import multihost
+from histeve_jax.rl.order import GroupOrder
 from histeve_jax.rl.samples import RLFeaturize
 
-GROUP_PREFIX = "group"
-DONE_FILE = "DONE"
 STATUS_FILE = "learner_status.json"
 
 
@@ -133,8 +135,10 @@ class GroupStream(grain.DatasetIterator):
         self.directory = directory
         self.opts = dict(rl_rows=rl_rows, pair_units=pair_units, history=history, stride=stride, seed=seed,
                          loss=loss)
-        self.max_policy_lag, self.poll_s, self.timeout_s = max_policy_lag, poll_s, timeout_s
-        self.shards: list[str] = []  # basenames, in the order taken
+        self.max_policy_lag = max_policy_lag
+        self.order = GroupOrder(directory, poll_s=poll_s, timeout_s=timeout_s)
+        self.shards: list[str] = []  # basenames of the groups taken, in the order decided (rl.order)
+        self.skipped: list[int] = []  # positions in shards of those that did not read
         self.index = -1  # into shards: the group being read
         self.plan_index = 0
         self.step = 0  # learner steps served (the step whose update a plan feeds is step + 1)
@@ -144,47 +148,34 @@ class GroupStream(grain.DatasetIterator):
 
     # ------------------------------------------------------------------ shards
 
-    def _new_shards(self) -> list[str]:
-        if not os.path.isdir(self.directory):
-            return []
-        taken = set(self.shards)
-        return sorted(p for p in (os.path.basename(q) for q in R.shard_paths(self.directory, GROUP_PREFIX))
-                      if p not in taken)
-
-    def _load(self, i: int) -> GroupPlans | None:
-        name = self.shards[i]
+    def _read(self, name: str) -> GroupPlans | None:
         try:
             return GroupPlans(read_group(os.path.join(self.directory, name)), name, **self.opts)
         except (R.RecordError, KeyError, IndexError) as e:
-            self.counts["bad_shards"] += 1
-            logging.warning("rl stream: skipping group shard %s: %s", name, e)
+            logging.warning("rl stream: group shard %s does not read: %s", name, e)
             return None
 
     def _next_group(self) -> None:
-        """Advance to the next readable group, waiting for one to appear."""
-        t0 = time.monotonic()
+        """Advance to the next readable group of the agreed order, waiting for one to appear."""
         while True:
-            if self.index + 1 < len(self.shards):
-                self.index += 1
-                self.plan_index = 0
-                self._group = self._load(self.index)
-                if self._group is not None:
-                    self.counts["groups"] += 1
-                    self._write_status()
-                    return
-                continue
-            new = self._new_shards()
-            if new:
-                self.shards.extend(new)
-                continue
-            if os.path.exists(os.path.join(self.directory, DONE_FILE)):
+            try:
+                name, group = self.order.next(self.shards, self._read)
+            except StopIteration:
                 self._write_status(done=True)
-                raise StopIteration
-            if time.monotonic() - t0 > self.timeout_s:
-                raise TimeoutError(f"{self.directory}: no new group shard for {self.timeout_s:.0f} s")
-            time.sleep(self.poll_s)
+                raise
+            self.shards.append(name)
+            self.index, self.plan_index, self._group = len(self.shards) - 1, 0, group
+            if group is None:
+                self.skipped.append(self.index)
+                self.counts["bad_shards"] += 1
+                continue
+            self.counts["groups"] += 1
+            self._write_status()
+            return
 
     def _write_status(self, done: bool = False) -> None:
+        if not self.order.primary:  # one writer of the shared file; every host's stream is the same
+            return
         path = os.path.join(self.directory, STATUS_FILE)
         try:
             with open(path + ".tmp", "w") as f:
@@ -215,17 +206,22 @@ class GroupStream(grain.DatasetIterator):
             return plan
 
     def get_state(self) -> dict[str, Any]:
-        return {"shards": list(self.shards), "index": self.index, "plan_index": self.plan_index,
-                "step": self.step, "counts": dict(self.counts), "max_lag": self.max_lag}
+        return {"shards": list(self.shards), "skipped": list(self.skipped), "index": self.index,
+                "plan_index": self.plan_index, "step": self.step, "counts": dict(self.counts),
+                "max_lag": self.max_lag}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.shards = list(state["shards"])
         self.index, self.plan_index = int(state["index"]), int(state["plan_index"])
+        self.shards = list(state["shards"])[: self.index + 1]
+        self.skipped = [int(i) for i in state.get("skipped", [])]
         self.step, self.max_lag = int(state["step"]), int(state["max_lag"])
         self.counts = collections.Counter({k: int(v) for k, v in state["counts"].items()})
-        self._group = self._load(self.index) if 0 <= self.index < len(self.shards) else None
-        if self._group is None:
-            self.plan_index = 0
+        self._group = None
+        if self.index >= 0 and self.index not in self.skipped:
+            self._group = self._read(self.shards[self.index])
+            if self._group is None:  # read before the checkpoint: the continuation would not be the same
+                raise R.RecordError(f"{self.directory}/{self.shards[self.index]}: the group being read at "
+                                    "the checkpoint does not read now")
 
 
 class GroupDataset(grain.IterDataset):
@@ -240,11 +236,13 @@ class GroupDataset(grain.IterDataset):
 
 
 class FeaturizePlan(grain.transforms.Map):
-    """A plan's windows -> stacked arrays [rows, ...] (``RLFeaturize``); failed or padding rows are zeros
-    with mask 0, and ``n_bad`` counts the failures."""
+    """A plan's windows -> stacked arrays [rows, ...] (``RLFeaturize``) of the rows ``rows`` of the global
+    batch [GRPO rows | pair rows | ...] (None: all of them); failed or padding rows are zeros with mask 0,
+    and ``n_bad`` counts the failures."""
 
-    def __init__(self, spec: pipeline.FeatureSpec):
+    def __init__(self, spec: pipeline.FeatureSpec, rows: slice | None = None):
         self.featurize = RLFeaturize(spec)
+        self.rows = rows
         h, w = spec.image_size
         n_img, p = spec.num_images, spec.patches_per_image
         L = spec.max_len
@@ -264,13 +262,16 @@ class FeaturizePlan(grain.transforms.Map):
                 x = None
             rows.append(self._pad if x is None else x)
             real.append(x is not None)
-        if not rows:  # no pair rows in this layout
+        if not rows:  # none of this host's rows in this section
             return {k: np.zeros((0, *v.shape), v.dtype) for k, v in self._pad.items()}, 0, np.zeros(0, bool)
         return {k: np.stack([r[k] for r in rows]) for k in self._pad}, bad, np.asarray(real, bool)
 
     def map(self, plan: dict[str, Any]) -> dict[str, Any]:
-        rl, bad_rl, real_rl = self._rows(plan["rl"])
-        pair, bad_pair, real_pair = self._rows(plan["pair"])
-        return {"rl": rl, "pair": pair, "rl_real": real_rl, "chosen": plan["chosen"] & real_pair,
-                "pair_id": np.where(real_pair, plan["pair_id"], -1), "n_bad": bad_rl + bad_pair,
+        sizes = (len(plan["rl"]), len(plan["pair"]))
+        rows = slice(0, sum(sizes)) if self.rows is None else self.rows
+        rl_sel, pair_sel = multihost.section_rows(rows, sizes)
+        rl, bad_rl, real_rl = self._rows(plan["rl"][rl_sel])
+        pair, bad_pair, real_pair = self._rows(plan["pair"][pair_sel])
+        return {"rl": rl, "pair": pair, "rl_real": real_rl, "chosen": plan["chosen"][pair_sel] & real_pair,
+                "pair_id": np.where(real_pair, plan["pair_id"][pair_sel], -1), "n_bad": bad_rl + bad_pair,
                 "lag": plan["lag"], "policy_step": plan["policy_step"]}
