@@ -69,8 +69,9 @@ def test_the_switch_is_drawn_per_episode_and_the_expert_starts_there():
 @pytest.mark.game
 def test_a_dagger_round_relabels_the_policys_states_and_trains_on_them(tmp_path):
     """One round on the game: a (barely trained, so nearly random) policy acts for a step or two (longer, it
-    may drop or place the only log), the craft expert takes over and finishes; the kept episodes start in the policy's state, are written as records, and the round's run
-    trains from the start run's weights on the demonstrations plus them."""
+    may drop or place the only log), the craft expert takes over and finishes; the kept episodes start in the
+    policy's state, are written as records, and the round's run trains from the start run's weights on the
+    demonstrations plus them."""
     from experiments.dagger import train_round
     from histeve_jax.train.dagger import DaggerSpec, run_dagger
 

@@ -29,6 +29,7 @@ def test_the_main_job_trains_then_evaluates_closed_loop(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("tasks=1 mean_success=") and "tasks_over_half=" in lines[-1]
+    assert "min_success=" in lines[-1]
     assert any(line.startswith(f"run: {work}") for line in lines)
     assert any(f"--config.policy={work}" in line for line in lines)
     summary = json.load(open(work / "eval" / "summary.json"))

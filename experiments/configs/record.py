@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
         c.tasks = MAIN_TASKS
         c.episodes = 16
-        c.obs_size = (56, 56)
+        c.obs_size = (112, 196)  # the main job's frames (imitation.py:tiny's data.image_size)
         c.instances = 2
     elif arg:
         raise ValueError(f"unknown record config variant {arg!r}; choose '', 'tiny' or 'main'")

@@ -217,18 +217,19 @@ def print_report(summary: Mapping[str, Any]) -> None:
     print(format_table(summary))
     print(f"results: {summary['out_dir']}/summary.json; episode reports: {summary['out_dir']}/reports/")
     print(f"tasks={h['tasks']} mean_success={h['mean_success']:.2f} tasks_over_half={h['tasks_over_half']} "
-          f"expert_mean={h['expert_mean']:.2f}")
+          f"expert_mean={h['expert_mean']:.2f} min_success={h['min_success']:.2f}")
 
 
 def headline(summary: Mapping[str, Any]) -> dict[str, float]:
-    """tasks, mean_success (policy), tasks_over_half (policy rate > 0.5), expert_mean."""
+    """tasks, mean_success (policy), tasks_over_half (policy rate > 0.5), expert_mean, min_success (the
+    policy's lowest task)."""
     res = summary["results"]
     tasks = summary["tasks"]
     pol = [res["policy"][t]["success_rate"] for t in tasks] if "policy" in res else []
     exp = [res["expert"][t]["success_rate"] for t in tasks] if "expert" in res else []
     return {"tasks": len(tasks), "mean_success": sum(pol) / len(pol) if pol else float("nan"),
             "tasks_over_half": sum(p > 0.5 for p in pol), "expert_mean": sum(exp) / len(exp) if exp
-            else float("nan")}
+            else float("nan"), "min_success": min(pol) if pol else float("nan")}
 
 
 def _write_summary(spec: EvalSpec, summary: dict[str, Any]) -> None:
