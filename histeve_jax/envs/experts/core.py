@@ -203,11 +203,11 @@ class Expert:
         """Press ``button`` in the step after the move that got there (``settle`` steps later).
 
         minetest's formspec reads the pointer once per rendered frame, so a click must come a frame after
-        the motion: the next step is 50 ms later, over a frame at fps_max 30. No fixed pause: a pause that
-        the screen does not show is a timer the policy cannot see, and its demonstrations then hold a
-        no-op and the click in the same observed state (greedy decoding waits forever). The button is
-        released by the next action (the env releases before it moves); only a second click on the same
-        spot needs a release step of its own.
+        the motion; the env sees to that (``LuantiEnv`` holds a GUI click until 0.1 s after the last motion,
+        and a motion until 0.1 s after a release). No fixed pause here: a pause that the screen does not
+        show is a timer the policy cannot see, and its demonstrations then hold a no-op and the click in the
+        same observed state (greedy decoding waits forever). The button is released by the next action;
+        only a second click on the same spot needs a release step of its own.
         """
         yield from self.wait(settle, subtask)
         if self._last_action.get(button):
