@@ -27,8 +27,6 @@ from absl import app, flags
 from experiments.config_cli import define_config
 from experiments.configs.ablation import ROWS
 
-define_config(os.path.join(os.path.dirname(__file__), "configs", "ablation.py"), "Ablation config.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUI_CATEGORIES = ("craft", "smelt")
 
@@ -128,7 +126,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     c = flags.FLAGS.config
-    workdir = _WORKDIR.value or c.workdir
+    workdir = flags.FLAGS.workdir or c.workdir
     unknown = sorted(set(c.rows) - {name for name, *_ in ROWS})
     if unknown:
         raise app.UsageError(f"config.rows: unknown {unknown}; choose from {[n for n, *_ in ROWS]}")
@@ -159,5 +157,13 @@ def main(argv: list[str]) -> None:
           f"world_full={full['world']:.2f}")
 
 
+def define_flags() -> None:
+    """``--config`` and ``--workdir`` (here, not at import: tests import this module beside other entry
+    points, and absl flags are defined once per process)."""
+    define_config(os.path.join(os.path.dirname(__file__), "configs", "ablation.py"), "Ablation config.")
+    flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

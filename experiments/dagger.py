@@ -19,9 +19,6 @@ from absl import app, flags
 
 from experiments.config_cli import define_config
 
-define_config(os.path.join(os.path.dirname(__file__), "configs", "dagger.py"), "DAgger config.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
-
 
 def train_round(init_from: str, workdir: str, train_dirs: list[str], steps: int) -> None:
     """Train ``steps`` steps from ``init_from``'s weights on ``train_dirs``, with the start run's config."""
@@ -50,7 +47,7 @@ def main(argv: list[str]) -> None:
 
     c = flags.FLAGS.config
     fields = {k: v for k, v in c.to_dict().items() if k not in ("eval", "workdir")}
-    fields["workdir"] = _WORKDIR.value or c.workdir
+    fields["workdir"] = flags.FLAGS.workdir or c.workdir
     fields["tasks"] = tuple(fields["tasks"])
     spec = DaggerSpec(**fields)
     if not os.path.exists(os.path.join(spec.start_run, "config.json")):
@@ -67,5 +64,13 @@ def main(argv: list[str]) -> None:
         print_report(evaluate(EvalSpec.from_config(ev)))
 
 
+def define_flags() -> None:
+    """``--config`` and ``--workdir`` (here, not at import: tests import this module beside other entry
+    points, and absl flags are defined once per process)."""
+    define_config(os.path.join(os.path.dirname(__file__), "configs", "dagger.py"), "DAgger config.")
+    flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -24,8 +24,8 @@ def test_tiny_plan_compiles_the_imitation_step_on_8_devices_and_prints_its_figur
     first = out.splitlines()[0]
     assert first.startswith("mesh data=1 fsdp=8 tensor=1 (8 simulated devices), rules axes.RULES, "
                             "layer loop scan,"), first
-    # imitation.py:tiny: batch 8 x max_len 80, one history frame + the current one, 56x56 -> 4 image tokens
-    assert "batch 8 x 80 tokens (2 frames x 4 image tokens, 56x56 px)" in out
+    # imitation.py:tiny: batch 8 x max_len 112, a history frame + the current one, 112x196 -> 28 image tokens
+    assert "batch 8 x 112 tokens (2 frames x 28 image tokens, 112x196 px)" in out
     assert "cost_analysis counts per device (probe: sharded/unsharded matmul FLOPs = 0.1250" in out
     m = re.search(r"FLOPs per device: compiled (\S+) \(scanned\), analytic (\S+) .*; ratio (\S+)", out)
     compiled, analytic, ratio = (float(x) for x in m.groups())
@@ -44,7 +44,7 @@ def test_tiny_rl_plan_compiles_the_learner_step_with_its_reference_and_mixed_bat
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout.strip().splitlines()
     # experiments/configs/rl.py:tiny: 16 GRPO rows, 1 DPO pair x 2 x a 4-step window, 4 replay rows
-    head = "RL step on {'data': 1, 'fsdp': 4, 'tensor': 1}: batch 28 (GRPO 16, DPO 8, replay 4) x 80"
+    head = "RL step on {'data': 1, 'fsdp': 4, 'tensor': 1}: batch 28 (GRPO 16, DPO 8, replay 4) x 112"
     assert out[-2].startswith(head), out[-2]
     gb = {k: float(v) for k, v in re.findall(r"'(\w+_bytes)': '([-+.e\d]+) GB'", out[-2])}
     assert set(gb) >= {"params_bytes", "opt_bytes", "reference_bytes", "peak_bytes"}

@@ -30,8 +30,8 @@ class DetectorConfig:
     history_frames: int = 3  # frames before the query, ``stride`` steps apart
     stride: int = 4
     policy_stride: int = 4  # steps between the policy's own frames (its run's data.stride)
-    max_len: int = 96  # the detector prompt's padded length
-    policy_max_len: int = 80  # the policy prompt's padded length (the cross-attention's keys)
+    max_len: int = 160  # the detector prompt's padded length
+    policy_max_len: int = 112  # the policy prompt's padded length (the cross-attention's keys)
 
     def __post_init__(self):
         n, L = self.cross_attention_every, self.base.text.num_hidden_layers
