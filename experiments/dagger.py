@@ -21,7 +21,8 @@ from experiments.config_cli import define_config
 
 
 def train_round(init_from: str, workdir: str, train_dirs: list[str], steps: int) -> None:
-    """Train ``steps`` steps from ``init_from``'s weights on ``train_dirs``, with the start run's config."""
+    """Train ``steps`` steps from ``init_from``'s weights on ``train_dirs``, with that run's config (the start
+    run's, carried from round to round)."""
     import ml_collections
 
     from histeve_jax.train.loop import train
