@@ -157,6 +157,36 @@ def test_the_gui_frame_shows_the_pointer_where_the_cursor_is(env):
     _steps(env, noop_action(), 4)
 
 
+def test_a_gui_action_shows_in_the_next_observation(env):
+    """The inventory key's step returns the frame with the GUI open (and closed), a click's step the frame
+    that changed under it: a tick-synchronous game's contract, which the demonstrations' labels rely on."""
+    from histeve_jax.envs.experts.core import SLOT_XY, cursor_move
+
+    _, info = env.reset(options={"task": "craft_planks"})
+    for _ in range(3):
+        _, _, _, _, info = env.step(_act(inventory=1))
+        assert info["is_gui_open"]
+        _, _, _, _, info = env.step(noop_action())
+        _, _, _, _, info = env.step(_act(inventory=1))
+        assert not info["is_gui_open"]
+        _, _, _, _, info = env.step(noop_action())
+    _, _, _, _, info = env.step(_act(inventory=1))
+    slot = next(i for i, s in enumerate(info["inventory_slots"], 1) if s["type"] == "default:tree")
+    for _ in range(20):  # to the log's slot
+        move = cursor_move(SLOT_XY[slot][0] - info["cursor"][0], SLOT_XY[slot][1] - info["cursor"][1])
+        if move == (0.0, 0.0):
+            break
+        _, _, _, _, info = env.step(_act(camera=list(move)))
+    _steps(env, noop_action(), 3)
+    before = env.render().copy()
+    env.step(_act(attack=1))  # the stack onto the pointer: the slot's look changes in this step's frame
+    assert np.abs(env.render().astype(int) - before).max() > 30
+    env.step(noop_action())
+    env.step(_act(attack=1))  # and back into its slot
+    env.step(_act(inventory=1))
+    _steps(env, noop_action(), 2)
+
+
 def test_expert_crafts_planks_in_the_inventory_gui(env):
     task = load_task("craft_planks")
     _, info = env.reset(options={"task": task})

@@ -16,7 +16,14 @@ previous one. A reset returns once the client itself reports the start pose (``_
 client applies input at its next rendered frame (fps_max 30) and the formspec reads the pointer once per
 frame, so a GUI click is held back until 0.1 s after the last pointer motion, and a motion 0.1 s after a
 release in the same step (the step then takes longer than 50 ms): a one-step click in the step after the
-move lands, and is let go, where the pointer is. The privileged state lags the
+move lands, and is let go, where the pointer is. A step that presses the inventory key returns the first
+frame that shows the GUI opened or closed (up to ``gui_sync_s``), and a step that clicks in a GUI the first
+frame that differs from the one before the press (up to 0.3 s), as a tick-synchronous game (MineRL) shows
+an action's effect in the next observation. Measured here: the inventory showed one step after the press
+on a quiet machine and five steps after it with two games recording on 2 cores; a click changed the frame
+45-150 ms after the press, after the step's grab. A frame that does not yet show an action looks like the
+frame before it, so demonstrations held the same frame labelled with the action and with what follows it,
+and a policy pressed again (closing the GUI it had opened). The privileged state lags the
 frame by about one server step (50 ms); under CPU load both lags grow.
 
 Determinism: the world is minetest_game on the flat mapgen at a fixed seed, the arena is rebuilt at every
@@ -71,6 +78,11 @@ _NUDGE_PX = 20  # the pointer motion that confirms the client took the reset's l
 # in the same step: the formspec takes the slot under the pointer from its last drawn frame, and under load
 # a client draws less often than every 50 ms step.
 _CLICK_AFTER_MOVE_S = 0.1
+_GRAB_POLL_S = 0.01  # between grabs while a step waits for the frame to show a GUI action
+_CHANGED = 30  # a pixel value difference that counts as the frame having changed
+# A click's frame changed 45-150 ms after the press here; a click on nothing changes nothing, and waiting the
+# inventory key's full gui_sync_s for it made a random agent's GUI episodes several times longer.
+_CLICK_SYNC_S = 0.3
 
 
 def crosshair_visible(frame: np.ndarray) -> bool:
@@ -102,6 +114,7 @@ class LuantiEnv(gym.Env):
         randomize_init: bool = False,
         show_cursor: bool = True,
         cursor_scale: int = 2,
+        gui_sync_s: float = 1.0,
     ):
         if len(obs_size) != 2 or min(obs_size) < 1:
             raise ValueError(f"obs_size must be (H, W) with positive sizes, got {obs_size}")
@@ -117,6 +130,7 @@ class LuantiEnv(gym.Env):
         self.randomize_init = randomize_init
         self.show_cursor = show_cursor
         self.cursor_scale = int(cursor_scale)
+        self.gui_sync_s = float(gui_sync_s)  # 0: return the frame 50 ms after the press, whatever it shows
         self.episode_task = self.task
         self.observation_space = spaces.Dict(
             {"image": spaces.Box(0, 255, (*self.obs_size, 3), dtype=np.uint8)})
@@ -288,6 +302,16 @@ class LuantiEnv(gym.Env):
             dx, dy = dx - sx, dy - sy
             if dx or dy:
                 self.x.sync()
+
+    def _await_frame(self, shows: Any, timeout_s: float | None = None) -> None:
+        """Grab until ``shows(frame)`` holds or ``timeout_s`` (default ``gui_sync_s``) passes (a press the
+        client swallowed, or a click on nothing, changes nothing: the step returns what it has); the next
+        step's pacing starts from here."""
+        deadline = time.monotonic() + (self.gui_sync_s if timeout_s is None else timeout_s)
+        while not shows(self._frame) and time.monotonic() < deadline:
+            time.sleep(_GRAB_POLL_S)
+            self._grab()
+        self._last_t = max(self._last_t, time.monotonic() - STEP_SECONDS)
 
     def _centred(self) -> bool:
         return self.x.pointer() == (RENDER_SIZE[1] // 2, RENDER_SIZE[0] // 2)
@@ -486,13 +510,18 @@ class LuantiEnv(gym.Env):
         a = validate_action(action)
         self._check()
         gui = not crosshair_visible(self._frame)
+        toggles = bool(a["inventory"]) and not self._held.get("inventory")
+        clicks = gui and any(a[b] and not self._held.get(b) for b in MOUSE_BUTTONS)
         try:
-            if gui and any(a[b] and not self._held.get(b) for b in MOUSE_BUTTONS):
+            before = None
+            if clicks:
                 # a person clicks what the screen shows: a press right after a motion would land on the
                 # slot the client drew last, not on the one now under the pointer
                 wait = self._moved_at + _CLICK_AFTER_MOVE_S - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
+                if self.gui_sync_s > 0:
+                    before = self._grab().copy()
             released = gui and any(self._held.get(b) and not a[b] for b in MOUSE_BUTTONS)
             for name in BUTTONS:
                 self._set_held(name, a[name])
@@ -510,6 +539,11 @@ class LuantiEnv(gym.Env):
                     time.sleep(wait)
             self._last_t = max(self._last_t + STEP_SECONDS, time.monotonic() - STEP_SECONDS)
             self._grab()
+            if toggles and self.gui_sync_s > 0:
+                self._await_frame(lambda f: crosshair_visible(f) == gui)  # the GUI opened or closed
+            elif before is not None:
+                self._await_frame(lambda f: bool(np.abs(f.astype(np.int16) - before).max() > _CHANGED),
+                                  min(self.gui_sync_s, _CLICK_SYNC_S))
             state = self._read_state()
             self._steps += 1
             info = self._info(state)
