@@ -164,3 +164,91 @@ def test_too_much_bad_input_stops_with_a_clear_message(tmp_path):
         list(P.make_batches(d, SPEC, opts))
     with pytest.raises(P.DataQualityError, match="1 of 3 shards are unreadable"):
         P.make_batches(d, SPEC, P.LoaderOptions(shard_count=1, max_bad_fraction=0.2))
+
+
+def _with_null_steps(tmp_path):
+    """The synthetic demos with every third step's action made null (and one camera motion below the
+    codebook's null bin, which quantises to null too)."""
+    from histeve_jax.envs.base import noop_action
+
+    src = tmp_path / "src"
+    S.write_demo_dataset(src, episodes=4, length=7, gui_fraction=0.5, seed=3, frame_format="png")
+    recs = _records(src)
+    eps = [[r for r in recs if r.episode_id == e] for e in dict.fromkeys(r.episode_id for r in recs)]
+    out = []
+    for ep in eps:
+        new = []
+        for r in ep:
+            if r.step % 3 == 0:
+                a = noop_action()
+                a["camera"] = np.array([0.01, -0.02], np.float32) if r.step == 3 else a["camera"]
+                r = R.dataclasses.replace(r, action={k: (v.tolist() if hasattr(v, "tolist") else v)
+                                                     for k, v in a.items()})
+            new.append(r)
+        out.append(new)
+    d = tmp_path / "nulls"
+    R.write_episodes(d, out)
+    return d
+
+
+def test_skip_null_actions_leaves_out_exactly_the_null_steps(tmp_path, vocab):
+    from histeve_jax.actions import is_null_action
+
+    _, av = vocab
+    d = _with_null_steps(tmp_path)
+    recs = _records(d)
+    kept = [r for r in recs if not is_null_action(r.action)]
+    assert 0 < len(kept) < len(recs) and all(r.step % 3 for r in kept)
+    spec = P.FeatureSpec(kind="demo", history=2, stride=3, image_size=(56, 56), max_len=96,
+                         skip_null_actions=True)
+    x = _all(P.make_batches(d, spec, P.LoaderOptions(**{**SEQ, "batch_size": 1})))
+    assert len(x["input_ids"]) == len(kept)
+    for i, rec in enumerate(kept):
+        target = x["targets"][i][x["loss_mask"][i] > 0]
+        action, _ = av.decode(target[:-1])
+        want = discrete_to_env(env_to_discrete(rec.action, "vpt"), "vpt")
+        assert {k: int(action[k]) for k in R.BINARY_KEYS} == {k: int(want[k]) for k in R.BINARY_KEYS}
+    # history frames still come from the null steps (only the targets are left out)
+    i = next(i for i, r in enumerate(kept) if r.step == 4)
+    rec4 = kept[i]
+    ep = [r for r in recs if r.episode_id == rec4.episode_id]
+    frames = [R.decode_frame(ep[s].frame) for s in (0, 1, 4)]
+    want = image_processing.process_images(frames, spec.image_config)["pixel_values"]
+    np.testing.assert_array_equal(x["pixel_values"][i], want)
+
+
+def test_is_null_action_is_the_codebook_null():
+    from histeve_jax.actions import is_null_action
+    from histeve_jax.envs.base import noop_action
+
+    a = noop_action()
+    assert is_null_action(a)
+    assert is_null_action({**a, "camera": np.array([0.01, 0.0])})  # inside the null bin
+    assert not is_null_action({**a, "camera": np.array([0.0, 3.2])})
+    assert not is_null_action({**a, "attack": 1}) and not is_null_action({**a, "inventory": 1})
+    with pytest.raises(ValueError, match="one action at a time"):
+        is_null_action({**{k: np.zeros(2, np.int64) for k in a if k != "camera"}, "camera": np.zeros((2, 2))})
+
+
+def test_questions_in_a_demo_run_are_cotrained(tmp_path, vocab, demo_dir):
+    """A demo run reading world-knowledge shards too: each question gets the run's frames (its own frame,
+    repeated), the answer as its target, and is kept by the null-action filter (it has no action)."""
+    tok, av = vocab
+    wk = tmp_path / "wk"
+    S.write_world_knowledge_dataset(wk, samples=3, seed=1)
+    wk_recs = _records(wk)
+    spec = P.FeatureSpec(kind="demo", history=2, stride=3, image_size=(56, 56), max_len=96,
+                         skip_null_actions=True)
+    x = _all(P.make_batches([str(demo_dir), str(wk)], spec, P.LoaderOptions(**{**SEQ, "batch_size": 1})))
+    from histeve_jax.actions import is_null_action
+
+    n_demo = sum(not is_null_action(r.action) for r in _records(demo_dir))
+    assert len(x["input_ids"]) == n_demo + len(wk_recs)
+    for j, rec in enumerate(wk_recs):
+        i = n_demo + j
+        target = x["targets"][i][x["loss_mask"][i] > 0]
+        assert tok.decode(target) == rec.response + "<|im_end|>"
+        assert int(x["regime"][i]) == int(rec.is_gui_open)
+        frame = R.decode_frame(rec.frame)
+        want = image_processing.process_images([frame] * 3, spec.image_config)["pixel_values"]
+        np.testing.assert_array_equal(x["pixel_values"][i], want)

@@ -242,3 +242,28 @@ def test_without_rs_norm_the_pre_norms_have_one_shared_scale():
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 12)), jnp.int32)
     logits = [policy.model(ids, regime=jnp.full((2,), r, jnp.int32)) for r in (0, 1)]
     np.testing.assert_array_equal(np.asarray(logits[0]), np.asarray(logits[1]))
+
+
+def test_rope_theta_sets_a_random_policys_mrope_base_and_only_its():
+    """config.model.rope_theta: Qwen's 1e6 leaves a head_dim-16 decoder's width section turning by under
+    0.002 rad across a 7-token row; a random model may take another base, a pretrained one may not."""
+    from experiments.configs.imitation import get_config
+    from histeve_jax.models.qwen2_5_vl.rope import mrope_cos_sin
+    from histeve_jax.train import setup
+    from histeve_jax.train.specs import RunSpec
+
+    c = get_config("tiny")
+    default = setup.policy_config(RunSpec.from_config(c, "/tmp/unused"))
+    assert default.base.text.rope_theta == 1e6
+    c.model.rope_theta = 10.0
+    cfg = setup.policy_config(RunSpec.from_config(c, "/tmp/unused"))
+    assert cfg.base.text.rope_theta == 10.0
+    t = cfg.base.text
+    pos = jnp.zeros((3, 1, 7), jnp.int32).at[2, 0].set(jnp.arange(7))  # one row of 7 columns
+    for theta, lo, hi in ((1e6, 0.0, 2e-3), (10.0, 0.5, 7.0)):
+        cos, sin = mrope_cos_sin(pos, t.head_dim, theta, t.mrope_section, jnp.float32)
+        angle = np.arctan2(np.asarray(sin[0, -1]), np.asarray(cos[0, -1]))  # column 6 against column 0
+        assert lo <= float(np.abs(angle).max()) <= hi, (theta, angle)
+    c.model.kind, c.model.hf_path = "hf", "/tmp/some_checkpoint"
+    with pytest.raises(ValueError, match="rope_theta"):
+        RunSpec.from_config(c, "/tmp/unused")

@@ -8,6 +8,7 @@ from histeve_jax.actions.agent_format import (
     discrete_to_env,
     env_to_agent,
     env_to_discrete,
+    is_null_action,
 )
 from histeve_jax.actions.codebook import (
     BUTTON_GROUPS,
@@ -46,6 +47,7 @@ __all__ = [
     "env_to_agent",
     "env_to_discrete",
     "get_codebook",
+    "is_null_action",
     "regime_of",
     "token_strings",
     "build_grammar",

@@ -121,6 +121,19 @@ def env_to_discrete(action: Mapping[str, Any], codebook: str | Codebook = "vpt")
     ).canonical(cb)
 
 
+def is_null_action(action: Mapping[str, Any], codebook: str | Codebook = "vpt") -> bool:
+    """True if an env-format action does nothing once quantised: no button and the camera in its null bin.
+
+    VPT's behavioural cloning drops such steps from its training data (openai/Video-Pre-Training,
+    data_loader.py: "Skip null actions as done in the VPT paper"); ``FeatureSpec.skip_null_actions``.
+    """
+    cb = get_codebook(codebook)
+    d = env_to_discrete(action, cb)
+    if d.batch_shape != ():
+        raise ValueError(f"is_null_action: one action at a time, got batch shape {d.batch_shape}")
+    return not (bool(d.inventory) or bool(np.any(d.choices)) or bool(np.any(d.camera != cb.null_bin)))
+
+
 def discrete_to_env(action: DiscreteAction, codebook: str | Codebook = "vpt") -> dict[str, Any]:
     """Discrete action -> env dict; unbatched input gives int keys and a [2] float camera."""
     cb = get_codebook(codebook)

@@ -279,6 +279,10 @@ class FeatureSpec:
     # Append the record's subtask to the instruction. Off by default: recorded experts store their internal
     # phase there, which a policy does not get at run time (the harness gives it one instruction).
     include_subtask: bool = False
+    # Leave out samples whose action is null (no button, camera in its null bin), as VPT's behavioural
+    # cloning does. A demonstration's pauses (waiting for the game) hold frames that look like the frame of
+    # the move or click that follows them; labelled no-op most times, those frames teach the policy to wait.
+    skip_null_actions: bool = False
 
     def __post_init__(self):
         if self.kind not in ("demo", "world_knowledge"):
@@ -318,6 +322,24 @@ def load_tokenizer_with_actions(spec: FeatureSpec) -> tuple[Any, Any]:
         return tok, add_action_tokens(tok, spec.codebook)
     vocab = ActionVocab.from_tokenizer(tok, spec.codebook)
     return tok, dataclasses.replace(vocab, dual_mouse=spec.dual_mouse)
+
+
+class SkipNullActions(grain.transforms.Filter):
+    """Keeps a window unless its action is null (``FeatureSpec.skip_null_actions``); bad windows pass on to
+    be counted, and so does a record whose action does not parse (``Featurize`` names what is wrong)."""
+
+    def __init__(self, codebook: str):
+        self.codebook = codebook
+
+    def filter(self, window: dict[str, Any]) -> bool:
+        from histeve_jax.actions import is_null_action
+
+        if BAD in window or window["record"].get("kind") == "world_knowledge":  # a question has no action
+            return True
+        try:
+            return not is_null_action(window["record"]["action"], self.codebook)
+        except (KeyError, TypeError, ValueError):
+            return True
 
 
 class Featurize(grain.transforms.Map):
@@ -365,7 +387,7 @@ class Featurize(grain.transforms.Map):
         h, w = spec.image_size
         frames = [R.decode_frame(f) for f in window["frames"][-spec.num_images:]]
         frames = [f if f.shape[:2] == (h, w) else resize_image(f, h, w) for f in frames]
-        if spec.kind == "demo":
+        if spec.kind == "demo" and rec.get("kind") != "world_knowledge":
             text = rec["instruction"]
             if spec.include_subtask and rec.get("subtask"):
                 text = f"{text}\n{rec['subtask']}"
@@ -373,10 +395,13 @@ class Featurize(grain.transforms.Map):
             sample = self._processor.from_messages(observation_messages(frames, text), target_ids=action_ids)
             regime = int(bool(rec["is_gui_open"]))
         else:
+            # A question and its answer; in a demo run (co-training, as RT-2 mixes VQA into robot data) the
+            # question is asked of the record's frame repeated to the run's frames per sample, in the
+            # regime the record's GUI flag says.
             messages = observation_messages(frames, rec["instruction"])
             messages.append({"role": "assistant", "content": rec["response"]})
             sample = self._processor.from_messages(messages)
-            regime = 0
+            regime = int(bool(rec.get("is_gui_open"))) if spec.kind == "demo" else 0
         ids, amask = sample["input_ids"], sample["assistant_mask"]
         n, L = len(ids), spec.max_len
         if n > L:
@@ -433,9 +458,11 @@ def make_batches(directories: str | Sequence[str], spec: FeatureSpec, options: L
     source = WindowSource(shards, history=spec.history if spec.kind == "demo" else 0, stride=spec.stride)
     sampler = grain.samplers.IndexSampler(len(source), shuffle=options.shuffle, num_epochs=options.num_epochs,
                                           seed=options.seed)
+    ops = [SkipNullActions(spec.codebook)] if spec.skip_null_actions and spec.kind == "demo" else []
     loader = grain.DataLoader(
-        data_source=source, sampler=sampler, operations=[Featurize(spec)], worker_count=options.worker_count,
-        worker_buffer_size=options.worker_buffer_size, shard_options=shard_opts,
+        data_source=source, sampler=sampler, operations=[*ops, Featurize(spec)],
+        worker_count=options.worker_count, worker_buffer_size=options.worker_buffer_size,
+        shard_options=shard_opts,
         read_options=grain.ReadOptions(num_threads=options.read_threads, prefetch_buffer_size=64))
     return Batches(loader, options.batch_size, max_bad_fraction=options.max_bad_fraction,
                    min_samples_for_check=options.min_samples_for_check, bad_shards=shards.bad,

@@ -92,7 +92,10 @@ def _base_config(spec: RunSpec, *, named_base: bool) -> qwen2_5_vl.Qwen2_5_VLCon
 def model_overrides(spec: RunSpec) -> dict[str, Any]:
     """The base config fields the run sets: compute and parameter dtypes, remat."""
     m = spec.model
-    return dict(dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype), remat=m.remat)
+    out: dict[str, Any] = dict(dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype), remat=m.remat)
+    if m.rope_theta:
+        out["text"] = {"rope_theta": float(m.rope_theta)}
+    return out
 
 
 def policy_config(spec: RunSpec, *, named_base: bool = False) -> PolicyConfig:
@@ -120,7 +123,8 @@ def feature_spec(spec: RunSpec, cfg: PolicyConfig) -> pipeline.FeatureSpec:
             action_base=cfg.action_token_base)
     return pipeline.FeatureSpec(kind=d.kind, history=d.history, stride=d.stride, image_size=d.image_size,
                                 max_len=d.max_len, codebook=d.codebook, dual_mouse=cfg.dual_mouse,
-                                tokenizer_path=d.tokenizer_path or None, compact_vocab=compact)
+                                tokenizer_path=d.tokenizer_path or None, compact_vocab=compact,
+                                skip_null_actions=d.skip_null_actions)
 
 
 def policy_stage(spec: RunSpec, cfg: PolicyConfig | None = None) -> Stage:

@@ -69,10 +69,16 @@ class ModelSpec:
     # added after runs had been written (defaults: what those runs were)
     rs_norm: bool = True  # RS-Norm's two pre-norm scales (False: one shared, the ablation's row)
     dual_mouse: bool = True  # disjoint camera/cursor tokens after a type token (False: one mouse token set)
+    # A random (kind "tiny") model's M-RoPE base; 0: the base shape's (Qwen's 1e6). See experiments/configs.
+    rope_theta: float = 0.0
 
     def __post_init__(self):
         if self.kind not in ("tiny", "hf"):
             raise ValueError(f"config.model.kind must be 'tiny' or 'hf', got {self.kind!r}")
+        if self.rope_theta < 0 or (self.rope_theta and self.kind != "tiny"):
+            raise ValueError(f"config.model.rope_theta={self.rope_theta}: a positive value sets a random "
+                             "(kind 'tiny') model's M-RoPE base; a pretrained model's is fixed by its "
+                             "weights (0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,7 @@ class DataSpec:
     max_bad_fraction: float
     min_samples_for_check: int
     generate: str  # "record" (the Luanti experts) or "synthetic"
+    skip_null_actions: bool = False  # leave no-op steps out of the demonstrations (pipeline.FeatureSpec)
 
 
 @dataclasses.dataclass(frozen=True)
