@@ -38,12 +38,12 @@ from histeve_jax.eval.rollout import AgentFactory, EpisodeResult, run_episode
 
 log = logging.getLogger(__name__)
 
-_GAME_INDEX = -1  # set in a game actor's worker process: its place in the fleet
+GAME_INDEX_ENV = "HISTEVE_GAME_INDEX"  # set in a game actor's worker process: its place in the fleet
 
 
 def game_index() -> int:
     """This process's game's place in its fleet (0, 1, ...); 0 outside a game actor."""
-    return max(_GAME_INDEX, 0)
+    return int(os.environ.get(GAME_INDEX_ENV, "0"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,9 @@ class GameActor:
 
     def __init__(self, backend: str, env_kwargs: Mapping[str, Any], run_kwargs: Mapping[str, Any],
                  slot: str = "", index: int = 0):
-        global _GAME_INDEX
-        _GAME_INDEX = index  # this worker process serves only this actor (as with tempfile.tempdir below)
+        # In the environment, not a module global: Ray ships this class by value, so a global set here would
+        # not be the one game_index() reads. This worker process serves only this actor (as tempfile below).
+        os.environ[GAME_INDEX_ENV] = str(index)
         # The game's temp world goes under a folder named after the actor's slot, which a restarted actor
         # (same constructor arguments) empties: a killed worker cannot remove its own world.
         if slot:
