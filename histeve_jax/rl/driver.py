@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from histeve_jax.rl.order import DONE_FILE
 from histeve_jax.rl.spec import RLSpec
@@ -113,7 +114,8 @@ def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any,
     """The actors until ``deadline`` (time.monotonic) or ``until(runner)`` holds: a Ray fleet of
     ``c.instances`` games acting through ``c.server``'s policy server replicas (``rl.serving``) that follow
     the learner; writes ``DONE`` when they stop. ``on_start(runner, pool)`` is called once both exist (the
-    rehearsal's fault injection). Returns the runner's summary with each replica's act calls/s."""
+    rehearsal's fault injection). Returns the runner's summary with each replica's act calls/s while its
+    games play (``_rate``)."""
     import ray
 
     from histeve_jax.eval.fleet import Fleet
@@ -145,9 +147,15 @@ def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any,
     return summary
 
 
-def _rate(times: list[float]) -> float:
-    """Calls per second between the first and the last of ``times`` (0 with fewer than 2)."""
-    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
+def _rate(times: list[float], gap_s: float = 1.0) -> float:
+    """Calls per second while calls come: over the stretches of ``times`` with no pause longer than
+    ``gap_s`` (between waves the games wait for the learner or a restart; that is not the server's rate)."""
+    t = np.asarray(times, float)
+    if len(t) < 2:
+        return 0.0
+    d = np.diff(t)
+    busy = d[d <= gap_s]
+    return float(len(busy) / busy.sum()) if busy.size and busy.sum() > 0 else 0.0
 
 
 def run_rl(c: Any) -> dict[str, Any]:
