@@ -15,10 +15,12 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -55,7 +57,10 @@ class LocalRayCluster:
 
     def __init__(self, root: str, *, object_store_bytes: int = 150 * 1024**2):
         self.root = root
-        self.temp_dir = os.path.join(root, "ray")  # short: Ray's socket paths must fit in 107 bytes
+        os.makedirs(root, exist_ok=True)
+        # Ray's session files, under /tmp: its socket paths (temp dir + ~70 bytes) must fit in 107 bytes,
+        # which a test's tmp_path does not leave room for; removed by close()
+        self.temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
         self.object_store_bytes = object_store_bytes
         self.nodes: dict[str, RayNode] = {}
         self.address = ""
@@ -149,6 +154,7 @@ class LocalRayCluster:
                 node.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalRayCluster:
         return self
