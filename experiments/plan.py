@@ -357,8 +357,9 @@ def plan_act(config: Any) -> dict[str, float]:
               f"({p['peak_bytes'] / config.hbm_bytes:.3f} of v5p HBM); compiled {p['flops']:.4e} FLOPs, "
               f"{p['bytes_accessed'] / 1e9:.2f} GB accessed (prefill + one decode step); "
               f"{1e3 * t:.4g} ms per call at MFU {a.mfu} -> {b / t:.0f} actions/s per chip")
-    fits = [(p, t) for p, t in rows if t <= tick and p["peak_bytes"] <= config.hbm_bytes]
-    best_p, best_t = max(rows, key=lambda r: r[0]["batch"] / r[1])  # most actions/s per chip
+    in_hbm = [(p, t) for p, t in rows if p["peak_bytes"] <= config.hbm_bytes] or rows[:1]
+    fits = [(p, t) for p, t in in_hbm if t <= tick]
+    best_p, best_t = max(in_hbm, key=lambda r: r[0]["batch"] / r[1])  # most actions/s per chip in HBM
     need = a.games * a.hz  # actions/s
     if fits:  # the largest batch whose call fits a tick: games per host = rows per chip x chips
         p, t = max(fits, key=lambda r: r[0]["batch"])
