@@ -82,10 +82,10 @@ def server_fields(variant: str) -> ml_collections.ConfigDict:
     s.max_batch = 0  # 0: the games one replica serves
     s.max_restarts = -1
     if variant == "qwen7b":
-        # one replica per accelerator host: 64 games each at 20 Hz (experiments.plan :rl_qwen7b's server
-        # figures and experiments.benchmarks.rl_throughput size this)
+        # one replica per inference host (it acts on one chip: load_run's 1-device mesh); experiments.plan
+        # :rl_qwen7b sizes them: 128 games at 20 Hz need 2560 actions/s, 14 v5p-8 hosts at 32 rows per chip
         s.resource = "accelerator"
-        s.replicas = 2
+        s.replicas = 14
     if variant == "rehearsal":
         s.resource = "accelerator"  # the inference node of the local cluster holds it
         s.replicas = 2
