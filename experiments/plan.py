@@ -4,6 +4,7 @@
     python -m experiments.plan --config=experiments/configs/plan.py:qwen7b --mesh=data=2,fsdp=32
     python -m experiments.plan --config.train.model.remat=none          # FLOPs without recomputation
     python -m experiments.plan --config=experiments/configs/plan.py:rl_qwen7b   # the RL learner's step
+                                                     # and the policy server's act step on one host
 
 It lowers and compiles the jitted train step (policy forward, action loss, backward, clipped AdamW update)
 over a mesh of simulated CPU devices, with abstract state and batch that carry their shardings, then prints
@@ -325,8 +326,59 @@ def plan_rl(config: Any, mesh_flag: str = "") -> dict[str, float]:
 
     mesh = simulated_mesh(config, mesh_flag)
     out = rl_plan(config.train, RLSpec.from_config(config.rl), mesh, config.hbm_bytes, verbose=True)
-    print(f"hbm_fraction_v5p={out['hbm_fraction']:.3f} (budget {config.hbm_budget})")
+    print(f"learner: {mesh.devices.size} chips, {config.act.learner_hosts} hosts")
+    out.update(plan_act(config))
+    print(f"hbm_fraction_v5p={out['hbm_fraction']:.3f} (budget {config.hbm_budget}) "
+          f"act_hbm_fraction={out['act_hbm_fraction']:.3g} inference_hosts={out['inference_hosts']}")
     return out
+
+
+def plan_act(config: Any) -> dict[str, float]:
+    """The policy server's act step on one inference host (``config.act``): compiled per chip at each of
+    ``act.batches`` rows (bf16 weights, one replica per chip), its memory and time per call, and the
+    inference hosts that serve ``act.games`` games at ``act.hz`` each (every game's act within a tick)."""
+    from histeve_jax.rl.plan import act_plan, act_time
+
+    a = config.act
+    cfg = policy_config(run_spec(config))
+    prompt_len = run_spec(config).data.max_len
+    tick = 1.0 / a.hz
+    chips = a.chips_per_host
+    rows = []
+    for b in a.batches:
+        p = act_plan(cfg, int(b), prompt_len)
+        params = p["weight_bytes"] / 2  # bf16
+        t = act_time(p, 2.0 * params, chips=1, peak_flops=config.peak_flops,
+                     hbm_bytes_per_s=a.hbm_bytes_per_s,
+                     mfu=a.mfu)
+        rows.append((p, t))
+        print(f"act step, {b} rows per chip x {prompt_len} prompt tokens + {p['decode_tokens']} decoded: "
+              f"weights {p['weight_bytes'] / 1e9:.4g} GB, peak {p['peak_bytes'] / 1e9:.4g} GB "
+              f"({p['peak_bytes'] / config.hbm_bytes:.3f} of v5p HBM); compiled {p['flops']:.4e} FLOPs, "
+              f"{p['bytes_accessed'] / 1e9:.2f} GB accessed (prefill + one decode step); "
+              f"{1e3 * t:.4g} ms per call at MFU {a.mfu} -> {b / t:.0f} actions/s per chip")
+    in_hbm = [(p, t) for p, t in rows if p["peak_bytes"] <= config.hbm_bytes] or rows[:1]
+    fits = [(p, t) for p, t in in_hbm if t <= tick]
+    best_p, best_t = max(in_hbm, key=lambda r: r[0]["batch"] / r[1])  # most actions/s per chip in HBM
+    need = a.games * a.hz  # actions/s
+    if fits:  # the largest batch whose call fits a tick: games per host = rows per chip x chips
+        p, t = max(fits, key=lambda r: r[0]["batch"])
+        per_host = p["batch"] * chips
+        hosts = -(-a.games // per_host)
+        how = f"{p['batch']} rows per chip in {1e3 * t:.1f} ms <= a {1e3 * tick:.0f} ms tick"
+    else:  # no batch acts within a tick: throughput alone, each game slower than hz
+        per_host = chips * best_p["batch"] / best_t / a.hz
+        hosts = -(-need // (chips * best_p["batch"] / best_t))
+        how = (f"no batch acts within a {1e3 * tick:.0f} ms tick (batch {rows[0][0]['batch']}: "
+               f"{1e3 * rows[0][1]:.1f} ms), so each game acts below {a.hz:g} Hz; by throughput at "
+               f"{best_p['batch']} rows per chip")
+    hosts = int(hosts)
+    print(f"inference: {a.games} games x {a.hz:g} Hz = {need:.0f} actions/s; one {chips}-chip host serves "
+          f"{per_host:.1f} games ({how}) -> {hosts} inference hosts")
+    return {"act_hbm_fraction": max(p["peak_bytes"] for p, _ in rows) / config.hbm_bytes,
+            "act_ms": {int(p["batch"]): 1e3 * t for p, t in rows},
+            "act_flops_per_row": best_p["flops"] / best_p["batch"],
+            "games_per_inference_host": float(per_host), "inference_hosts": hosts}
 
 
 def main(argv: list[str]) -> None:

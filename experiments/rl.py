@@ -5,12 +5,15 @@
     python -m experiments.rl --config=experiments/configs/rl.py:qwen7b --config.role=learner   # TPU workers
     python -m experiments.rl --config=experiments/configs/rl.py:qwen7b --config.role=actors \
         --config.ray_address=auto --config.task=craft_planks                                 # Ray head
+    python -m experiments.rl --config=experiments/configs/rl.py:rehearsal   # the pod topology, here
 
 Starts from ``config.start_run`` (the imitation main job; run first when it has no checkpoint), picks the
 weakest atomic task of its evaluation that the policy completes at all (``rl.driver.weakest_task``; or
 ``config.task``), evaluates it on held-out seeds, trains with branch groups for ``config.train_minutes``
 (learner in its own process, games on a local Ray), evaluates again on the same seeds. The last line:
 ``task=... success_before=... success_after=... groups=... skipped_groups=... max_policy_lag=...``.
+The rehearsal (``histeve_jax.rl.rehearsal``) ends with ``learner_processes=2 weight_max_diff=<x>
+resume_exact=<0|1> actor_node_killed_survived=<0|1> server_killed_survived=<0|1>``.
 The library is ``histeve_jax.rl``.
 """
 
@@ -61,8 +64,22 @@ def main(argv: list[str]) -> None:
         print(f"task={task} groups={s['groups']} written={s['written']} skipped_groups={s['skipped']} "
               f"dropped={s['dropped']} successes={s['successes']}")
         return
+    if c.role == "rehearsal":
+        from histeve_jax.rl.rehearsal import run_rehearsal
+
+        r = run_rehearsal(c)
+        print(f"rehearsal: {r['actors']['written']} groups written, {r['actors']['dropped']} dropped; "
+              f"faults {r['faults']}; learner samples/s {r['learner_samples_per_s_1']:.1f} (1 process), "
+              f"{r['learner_samples_per_s_2']:.1f} ({r['learner_processes']} processes); act calls/s per "
+              f"replica {[round(x, 1) for x in r['act_calls_per_s_per_replica']]}; {r['total_s']:.0f} s; "
+              f"{os.path.join(c.workdir, 'rehearsal.json')}")
+        print(f"learner_processes={r['learner_processes']} weight_max_diff={r['weight_max_diff']:.3g} "
+              f"resume_exact={r['resume_exact']} "
+              f"actor_node_killed_survived={r['actor_node_killed_survived']} "
+              f"server_killed_survived={r['server_killed_survived']}")
+        return
     if c.role != "all":
-        raise app.UsageError(f"config.role={c.role!r}: one of all, learner, actors")
+        raise app.UsageError(f"config.role={c.role!r}: one of all, learner, actors, rehearsal")
     _ensure_start_run(c.start_run)
     s = run_rl(c)
     b, a, act = s["before"], s["after"], s["actors"]

@@ -144,10 +144,12 @@ def test_killed_learner_resumes_exactly_and_the_reference_is_frozen(start_run, t
     assert m["world/n_tokens"] > 0 and m["grpo/n_tokens"] > 0
     assert whole[6]["rl/max_policy_lag"] == 5.0  # the groups' weights are step 0's
 
-    # the actors' server follows the learner: a newer step loads in place, an older or equal one does not
+    # the actors' server follows the learner: it starts with the newest step (a server restarted after a
+    # crash must not act with the start run's weights); an equal step does not load again
     server = RLPolicyServer(start, str(tmp_path / "whole"))
-    start_params = [np.asarray(x) for x in jax.tree.leaves(nnx.state(server.loaded.policy, nnx.Param))]
-    assert server.version() == 0 and latest_step(str(tmp_path / "whole")) == 6
+    load_run = __import__("histeve_jax.eval.policy_agent", fromlist=["load_run"]).load_run
+    start_params = [np.asarray(x) for x in jax.tree.leaves(nnx.state(load_run(start).policy, nnx.Param))]
+    assert server.version() == 6 and latest_step(str(tmp_path / "whole")) == 6
     assert server.reload() == 6 and server.reload() == 6 and server.reload_errors == 0
     learned = jax.tree.leaves(load_params(str(tmp_path / "whole"), 6, server.loaded.policy))
     now = jax.tree.leaves(nnx.state(server.loaded.policy, nnx.Param))

@@ -12,7 +12,16 @@
    qwen7b sample length) against one CPU actor host (``ACTOR_HOST_VCPUS`` vCPUs, half a vCPU per game as
    the fleet budgets, each game at the measured per-game rate; the 7B policy itself is served elsewhere).
 
-Last line: ``actor_steps_per_s_per_core=<x> learner_samples_per_s=<y> actor_hosts_per_learner_host=<z>``.
+4. The pod topology rehearsed here (``--rehearsal``: a finished rehearsal's ``rehearsal.json``,
+   ``python -m experiments.rl --config=experiments/configs/rl.py:rehearsal``): learner samples/s with 1 and
+   2 JAX processes on the same shards, act calls/s per policy server replica.
+5. One v5p-128 learner (16 hosts) at the 7B: its demand (3. x 16) against one actor host's games and one
+   inference host's acting (``rl.plan.act_plan``: the act program compiled per chip at ``ACT_BATCH`` rows,
+   its FLOPs at ``MFU``, ``PLAN_CHIPS_PER_HOST`` chips), so how many actor and inference hosts it needs.
+
+Last line: ``actor_steps_per_s_per_core=<x> learner_samples_per_s=<y> actor_hosts_per_learner_host=<z>
+rehearsal_samples_per_s_1=<a> rehearsal_samples_per_s_2=<b> act_calls_per_s_per_replica=<c>
+v5p128_actor_hosts=<n> v5p128_inference_hosts=<m>``.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ import numpy as np
 MFU = 0.4  # assumed model FLOPs utilisation of the 7B RL step on v5p (not measured here)
 V5P_CHIPS_PER_HOST, V5P_BF16_FLOPS = 4, 459e12
 ACTOR_HOST_VCPUS, VCPU_PER_GAME = 32, 0.5
+LEARNER_HOSTS = 16  # v5p-128
+ACT_BATCH = 32  # rows per chip of the act program compiled for the inference hosts
+V5P_HBM_BYTES_PER_S = 2.765e12
 
 
 def _groups(directory: str, n: int, length: int = 40, k: int = 4) -> None:
@@ -102,12 +114,45 @@ def demand_7b() -> tuple[float, int, int]:
     return V5P_CHIPS_PER_HOST * V5P_BF16_FLOPS * MFU / per_sample, n, T
 
 
+def inference_host_actions_per_s() -> tuple[float, dict[str, float]]:
+    """(actions/s one v5p inference host serves, the act plan): the 7B act program compiled per chip at
+    ``ACT_BATCH`` rows, timed by ``rl.plan.act_time`` at ``MFU``, on its 4 chips."""
+    import dataclasses
+
+    from experiments.configs import imitation
+    from histeve_jax.rl.plan import act_plan, act_time
+    from histeve_jax.train import setup
+    from histeve_jax.train.specs import RunSpec
+
+    spec = RunSpec.from_config(imitation.get_config("qwen7b"), "/tmp/unused")
+    cfg = setup.policy_config(spec, named_base=True)
+    cfg = dataclasses.replace(cfg, base=cfg.base.replace(scan_layers=True, layer_loop="scan"))
+    plan = act_plan(cfg, ACT_BATCH, spec.data.max_len)
+    t = act_time(plan, plan["weight_bytes"], chips=1, peak_flops=V5P_BF16_FLOPS,
+                 hbm_bytes_per_s=V5P_HBM_BYTES_PER_S, mfu=MFU)  # 2 FLOPs x (bytes / 2) params per row
+    plan["call_s"] = t
+    return V5P_CHIPS_PER_HOST * ACT_BATCH / t, plan
+
+
+def rehearsal_figures(path: str) -> dict[str, float]:
+    """The rehearsal's learner samples/s (1 and 2 processes) and mean act calls/s per server replica."""
+    import json
+
+    with open(path) as f:
+        r = json.load(f)
+    calls = [x for x in r["act_calls_per_s_per_replica"] if x > 0]
+    return {"samples_1": r["learner_samples_per_s_1"], "samples_2": r["learner_samples_per_s_2"],
+            "act_per_replica": float(np.mean(calls)) if calls else 0.0}
+
+
 def main() -> None:
     from experiments.benchmarks.rollout import _tiny_run, steps_per_second
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--policy", default="", help="a run's workdir (default: a tiny run trained here)")
     p.add_argument("--learner_steps", type=int, default=20)
+    p.add_argument("--rehearsal", default="/tmp/histeve_runs/rl_rehearsal/rehearsal.json",
+                   help="a finished rehearsal's rehearsal.json")
     args = p.parse_args()
     root = tempfile.mkdtemp(prefix="rl_throughput_")
     workdir = args.policy or _tiny_run(os.path.join(root, "start"))
@@ -123,8 +168,24 @@ def main() -> None:
     print(f"7B: {n / 1e9:.2f}B params x {T} tokens/sample, v5p host at MFU {MFU}: {demand:.1f} samples/s; "
           f"one {ACTOR_HOST_VCPUS}-vCPU actor host ({games:.0f} games x {each:.2f} steps/s): {supply:.0f} "
           "steps/s")
+    r = rehearsal_figures(args.rehearsal) if os.path.exists(args.rehearsal) else {
+        "samples_1": float("nan"), "samples_2": float("nan"), "act_per_replica": float("nan")}
+    print(f"rehearsal ({args.rehearsal}): learner {r['samples_1']:.1f} samples/s with 1 process, "
+          f"{r['samples_2']:.1f} with 2 (gloo on one machine); {r['act_per_replica']:.1f} act calls/s per "
+          "policy server replica (bound by its games' 20 Hz)")
+    per_host, plan = inference_host_actions_per_s()
+    total = LEARNER_HOSTS * demand
+    actor_hosts = int(np.ceil(total / supply))
+    inference_hosts = int(np.ceil(total / per_host))
+    print(f"v5p-128 learner ({LEARNER_HOSTS} hosts): {total:.0f} samples/s; one actor host {supply:.0f} "
+          f"steps/s -> {actor_hosts} actor hosts; act at {ACT_BATCH} rows per chip: "
+          f"{plan['flops'] / ACT_BATCH:.3g} FLOPs per action, {1e3 * plan['call_s']:.0f} ms per call, "
+          f"{per_host:.0f} actions/s per 4-chip host -> {inference_hosts} inference hosts")
     print(f"actor_steps_per_s_per_core={actor_per_core:.2f} learner_samples_per_s={learner:.1f} "
-          f"actor_hosts_per_learner_host={demand / supply:.3f}")
+          f"actor_hosts_per_learner_host={demand / supply:.3f} "
+          f"rehearsal_samples_per_s_1={r['samples_1']:.1f} rehearsal_samples_per_s_2={r['samples_2']:.1f} "
+          f"act_calls_per_s_per_replica={r['act_per_replica']:.1f} "
+          f"v5p128_actor_hosts={actor_hosts} v5p128_inference_hosts={inference_hosts}")
 
 
 if __name__ == "__main__":

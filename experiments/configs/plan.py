@@ -7,7 +7,10 @@ plan compiles exactly what ``experiments.imitation`` runs (override e.g. ``--con
 ``:rl_qwen7b`` / ``:rl_tiny`` plan the RL learner's step (``histeve_jax.rl.plan``: the policy with its
 optimizer state, the frozen reference, the mixed GRPO/DPO/replay batch of ``experiments.rl``'s ``rl`` group):
 ``train`` is then the learner's train config as ``rl.driver.learner_config`` derives it from the start run
-(the imitation config of the same shape, with RL's batch size and the learner's microbatches).
+(the imitation config of the same shape, with RL's batch size and the learner's microbatches). They also
+plan the policy server's act step on one accelerator host (``act``: the batches compiled, the games it must
+serve and their rate, the host's chips; ``histeve_jax.rl.plan.act_plan``), and how many such hosts serve
+``act.games`` games at ``act.hz``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from experiments.configs import imitation, rl
 
 V5P_HBM_BYTES = 95e9  # per chip
 V5P_BF16_FLOPS = 459e12  # per chip, peak
+V5P_HBM_BYTES_PER_S = 2.765e12  # per chip
+V5P_CHIPS_PER_HOST = 4
 
 
 VARIANTS = ("qwen7b", "tiny", "rl_qwen7b", "rl_tiny")
@@ -42,6 +47,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         from histeve_jax.rl.spec import RLSpec
 
         c.train.data.batch_size = RLSpec.from_config(c.rl).batch_size  # GRPO + DPO + replay rows
+        c.act = ml_collections.ConfigDict()
+        c.act.batches = (1, 8, 32, 128) if shape == "qwen7b" else (1, 2)  # rows per compiled act call
+        c.act.games = 128  # games to serve ...
+        c.act.hz = 20.0  # ... at this rate each
+        c.act.chips_per_host = V5P_CHIPS_PER_HOST  # one inference host (a v5p-8 TPU VM)
+        c.act.hbm_bytes_per_s = V5P_HBM_BYTES_PER_S
+        c.act.mfu = 0.4  # assumed for the act program's FLOPs (not measured)
+        c.act.learner_hosts = 16  # the learner slice (v5p-128) the actors feed
     c.num_devices = 64 if shape == "qwen7b" else 8  # simulated CPU devices = chips of the target slice
     if variant == "rl_tiny":
         c.num_devices = 4  # the tiny RL batch, 16 + 8 + 4 = 28 rows, splits 4 ways, not 8

@@ -2,7 +2,9 @@
 ``loss`` = ``losses.rl.RLLossConfig`` and ``score`` = ``rl.scoring.ScoreConfig``) and the evaluation.
 
 ``python -m experiments.rl`` (``:tiny``, the default; CPU, Luanti) or ``:qwen7b`` (TPU pod learner, actors on
-a Ray cluster; see launch/rl.md). The policy's shape (model, frames, prompt length) is the start run's: the
+a Ray cluster, policy servers on accelerator hosts; see launch/rl.md); ``:rehearsal`` is that topology on this
+machine (``histeve_jax.rl.rehearsal``: 2 learner processes, a 3-node local Ray cluster, faults injected).
+The policy's shape (model, frames, prompt length) is the start run's: the
 entry point reads it from ``start_run``'s config.json, so these fields only set what RL changes.
 
 Choices (the paper leaves them open; the loss defaults' reasons are in ``RLLossConfig``'s docstring):
@@ -23,7 +25,7 @@ import ml_collections
 
 from experiments.configs.evaluate import HELD_OUT_SEED
 
-VARIANTS = ("tiny", "qwen7b")
+VARIANTS = ("tiny", "qwen7b", "rehearsal")
 
 
 def rl_fields(variant: str) -> ml_collections.ConfigDict:
@@ -58,7 +60,36 @@ def rl_fields(variant: str) -> ml_collections.ConfigDict:
         r.max_backlog_groups = 16
         r.max_policy_lag = 64
         r.loss.dpo_window = 8
+    if variant == "rehearsal":
+        # 2 GRPO + 1 pair x 2 x 2 steps + 2 replay = 8 rows: the 8 devices of 2 processes x 4, as in
+        # tests/test_rl_multihost.py; K = 2 branches of 12 steps keep a group to a few seconds of play
+        r.rl_rows = 2
+        r.replay_rows = 2
+        r.loss.dpo_window = 2
+        r.loss.group_size = 2
+        r.max_steps = 12
+        r.poll_s = 0.1
+        r.timeout_s = 900.0
     return r
+
+
+def server_fields(variant: str) -> ml_collections.ConfigDict:
+    """The policy servers' placement (``rl.serving.ServerSpec``)."""
+    s = ml_collections.ConfigDict()
+    s.resource = ""  # "": placed by CPUs (one machine); "accelerator": on hosts that join with that resource
+    s.replicas = 1
+    s.num_cpus = 0.0
+    s.max_batch = 0  # 0: the games one replica serves
+    s.max_restarts = -1
+    if variant == "qwen7b":
+        # one replica per inference host (it acts on one chip: load_run's 1-device mesh); experiments.plan
+        # :rl_qwen7b sizes them: 128 games at 20 Hz need 2560 actions/s, 14 v5p-8 hosts at 32 rows per chip
+        s.resource = "accelerator"
+        s.replicas = 14
+    if variant == "rehearsal":
+        s.resource = "accelerator"  # the inference node of the local cluster holds it
+        s.replicas = 2
+    return s
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -88,6 +119,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.learner.microbatches = 1
 
     c.rl = rl_fields(variant)
+    c.server = server_fields(variant)
 
     c.eval = ml_collections.ConfigDict()
     c.eval.episodes = 20  # per task, before and after, on the same held-out seeds
@@ -107,4 +139,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.learner.microbatches = 4
         c.eval.episodes = 100
         c.eval.max_steps = 0
+    if variant == "rehearsal":
+        c.role = "rehearsal"
+        c.workdir = "/tmp/histeve_runs/rl_rehearsal"  # the shared path every host sees; wiped at the start
+        c.start_run = ""  # built by the rehearsal: the tiny policy at its random initialisation
+        c.task = "place_dirt"
+        c.instances = 2
+        c.learner.checkpoint_every = 2
+        c.learner.log_every = 1
+        c.learner.warmup_steps = 1
+        c.rehearsal = ml_collections.ConfigDict({
+            "learner_processes": 2, "devices_per_process": 4, "groups": 3, "actor_cpus": 1.0,
+            "kill_after_step": 4, "timeout_s": 900.0})
     return c

@@ -14,7 +14,9 @@ results come back, so a caller writing them with ``ShardWriter.write_episode`` n
 
 Ray is the engine: locally ``ray.init(num_cpus=os.cpu_count())`` when Ray is not initialised yet, or
 ``address=`` of a Ray cluster; the code is the same. Agents are built inside the actor from an
-``AgentFactory`` (``make_agent(task_name, seed)``), shipped once through the object store.
+``AgentFactory`` (``make_agent(task_name, seed)``), shipped once through the object store; a factory that
+routes games (``rl.serving``: game i to policy server i % replicas) reads the game's place in the fleet with
+``game_index()``, which a restarted or replacing actor keeps.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from histeve_jax.eval.rollout import AgentFactory, EpisodeResult, run_episode
 
 log = logging.getLogger(__name__)
 
+GAME_INDEX_ENV = "HISTEVE_GAME_INDEX"  # set in a game actor's worker process: its place in the fleet
+
+
+def game_index() -> int:
+    """This process's game's place in its fleet (0, 1, ...); 0 outside a game actor."""
+    return int(os.environ.get(GAME_INDEX_ENV, "0"))
+
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeSpec:
@@ -51,7 +60,10 @@ class GameActor:
     """Owns one game (started at the first episode) and runs episodes in it."""
 
     def __init__(self, backend: str, env_kwargs: Mapping[str, Any], run_kwargs: Mapping[str, Any],
-                 slot: str = ""):
+                 slot: str = "", index: int = 0):
+        # In the environment, not a module global: Ray ships this class by value, so a global set here would
+        # not be the one game_index() reads. This worker process serves only this actor (as tempfile below).
+        os.environ[GAME_INDEX_ENV] = str(index)
         # The game's temp world goes under a folder named after the actor's slot, which a restarted actor
         # (same constructor arguments) empties: a killed worker cannot remove its own world.
         if slot:
@@ -120,11 +132,12 @@ class Fleet:
         self._actor_args = (backend, dict(env_kwargs), dict(run_kwargs or {}))
         self._num_cpus = num_cpus_per_game
         self.slots: list[str] = []  # every actor's scratch folder name, restarted and replaced ones too
-        self.actors = [self._new_actor() for _ in range(num_instances)]
+        self.actors = [self._new_actor(i) for i in range(num_instances)]
 
-    def _new_actor(self) -> Any:
+    def _new_actor(self, index: int) -> Any:
         self.slots.append(uuid.uuid4().hex)
-        return GameActor.options(num_cpus=self._num_cpus).remote(*self._actor_args, slot=self.slots[-1])
+        return GameActor.options(num_cpus=self._num_cpus).remote(*self._actor_args, slot=self.slots[-1],
+                                                                 index=index)
 
     def scratch_dirs(self) -> list[str]:
         """This fleet's actors' scratch folders that exist now (other fleets on the host have their own)."""
@@ -180,7 +193,7 @@ class Fleet:
                 ray.get(ref)
             except RayActorError:  # out of restarts: a fresh actor takes its place
                 i = self.actors.index(actor)
-                actor = self.actors[i] = self._new_actor()
+                actor = self.actors[i] = self._new_actor(i)
             idle.append(actor)
 
     def pids(self) -> list[list[int]]:

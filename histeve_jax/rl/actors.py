@@ -3,8 +3,9 @@
 A branch group is K episodes of one task reset with one seed: the env rebuilds the same world, pose,
 inventory and arena from ``(seed, task)`` (``LuantiEnv.reset``; see ``tests/test_rl_groups.py`` for how
 exactly two such resets agree), so the branches differ only by what the behaviour policy samples. The K
-episodes are dispatched to the ``Fleet``'s game actors like any others, every game asking the one
-``RLPolicyServer``; between waves of groups (all games idle) the server loads the learner's newest step.
+episodes are dispatched to the ``Fleet``'s game actors like any others, every game asking its
+``RLPolicyServer`` replica (``rl.serving.ServerPool``); between waves of groups (all games idle) the replicas
+load the learner's newest step.
 
 A group whose every branch finished is scored (``scoring``); if its scores do not spread it is skipped and
 counted, else written as ONE shard (``ShardWriter``: ``.tmp``, renamed when closed) that the learner's
@@ -21,10 +22,8 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-
-import ray
 
 from histeve_jax.data.records import ShardWriter
 from histeve_jax.envs.tasks import load_task
@@ -109,11 +108,12 @@ def learner_groups_read(rollout_dir: str) -> int:
 
 
 class GroupRunner:
-    """Waves of branch groups of one task until a deadline, weights reloaded between waves."""
+    """Waves of branch groups of one task until a deadline, weights reloaded between waves; ``servers`` is
+    what the games act through (``ServerPool``: its ``reload()`` returns the step acting)."""
 
-    def __init__(self, fleet: Any, server: Any, make_agent: Any, rl: RLSpec, task: str, *,
+    def __init__(self, fleet: Any, servers: Any, make_agent: Any, rl: RLSpec, task: str, *,
                  seed: int = 100_000, actor_id: str = ""):
-        self.fleet, self.server, self.make_agent, self.rl, self.task = fleet, server, make_agent, rl, task
+        self.fleet, self.servers, self.make_agent, self.rl, self.task = fleet, servers, make_agent, rl, task
         self.next_seed = seed
         self.actor_id = actor_id or uuid.uuid4().hex[:6]
         self.outcomes: list[GroupOutcome] = []
@@ -131,7 +131,7 @@ class GroupRunner:
 
     def wave(self) -> list[GroupOutcome]:
         """One wave: reload the newest weights, play ``groups_per_wave`` groups, write them."""
-        step = int(ray.get(self.server.reload.remote()))
+        step = self.servers.reload()
         groups = []
         for _ in range(self.rl.groups_per_wave):
             gid = f"{self.index:06d}-{self.actor_id}"
@@ -144,14 +144,24 @@ class GroupRunner:
         self.outcomes.extend(out)
         return out
 
-    def run(self, deadline: float, max_groups: int | None = None) -> dict[str, Any]:
-        """Waves until ``deadline`` (time.monotonic) or ``max_groups`` groups; returns ``summary()``."""
-        while time.monotonic() < deadline and (max_groups is None or len(self.outcomes) < max_groups):
+    def run(self, deadline: float, max_groups: int | None = None,
+            until: Callable[[GroupRunner], bool] | None = None) -> dict[str, Any]:
+        """Waves until ``deadline`` (time.monotonic), ``max_groups`` groups played or ``until(self)`` holds;
+        returns ``summary()``."""
+        def more() -> bool:
+            return ((max_groups is None or len(self.outcomes) < max_groups)
+                    and (until is None or not until(self)))
+
+        while time.monotonic() < deadline and more():
             self._wait_for_learner(deadline)
             if time.monotonic() >= deadline:
                 break
             self.wave()
         return self.summary()
+
+    def written(self) -> int:
+        """Groups written so far."""
+        return sum(o.status == "written" for o in self.outcomes)
 
     def summary(self) -> dict[str, Any]:
         """Counts: groups played, written, skipped (no spread), dropped (interrupted), successes."""

@@ -1,5 +1,6 @@
-"""Stage 3 end to end on one machine: the learner in its own process, the actors (a Ray fleet of games and a
-batching ``RLPolicyServer``) in this one, the evaluation before and after on the same held-out seeds.
+"""Stage 3 end to end on one machine: the learner in its own process, the actors (a Ray fleet of games
+and batching ``RLPolicyServer`` replicas, ``rl.serving``) in this one, the evaluation before and after on
+the same held-out seeds.
 
 ``learner_config`` derives the learner's train config from the start run's ``config.json`` (the same policy
 shape, so its params initialise the learner and are the frozen reference) with RL's overrides;
@@ -13,10 +14,11 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from histeve_jax.rl.order import DONE_FILE
 from histeve_jax.rl.spec import RLSpec
@@ -47,8 +49,9 @@ def learner_config(start_run: str, overrides: Mapping[str, Any], rl: RLSpec, wor
     return ml_collections.ConfigDict(d)
 
 
-def run_learner(config_json: str, rl: RLSpec) -> None:
-    """The learner process: the shared train loop with the RL stage until the stream ends."""
+def run_learner(config_json: str, rl: RLSpec) -> dict[int, dict[str, float]]:
+    """The learner process: the shared train loop with the RL stage until the stream ends; returns the
+    logged metrics by step."""
     from absl import logging
 
     from histeve_jax.rl.learner import rl_stage
@@ -57,9 +60,10 @@ def run_learner(config_json: str, rl: RLSpec) -> None:
 
     spec = RunSpec.from_config(ml_collections.ConfigDict(json.loads(config_json)))
     try:
-        train(spec, rl_stage(spec, rl))
+        return train(spec, rl_stage(spec, rl))
     except StopIteration:  # the actors are done and every group was read: the last checkpoint is final
         logging.info("rl learner: the stream ended")
+        return {}
 
 
 def weakest_task(summary: Mapping[str, Any]) -> str:
@@ -104,37 +108,54 @@ def resolve(c: Any) -> tuple[RLSpec, str, str, Any]:
     return rl, task, learner_dir, cfg
 
 
-def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any, deadline: float) -> dict:
-    """The actors until ``deadline`` (time.monotonic): a Ray fleet of ``c.instances`` games and one
-    ``RLPolicyServer`` following the learner; writes ``DONE`` when they stop. Returns the runner's summary."""
+def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any, deadline: float, *,
+               until: Callable[[Any], bool] | None = None,
+               on_start: Callable[[Any, Any], None] | None = None) -> dict:
+    """The actors until ``deadline`` (time.monotonic) or ``until(runner)`` holds: a Ray fleet of
+    ``c.instances`` games acting through ``c.server``'s policy server replicas (``rl.serving``) that follow
+    the learner; writes ``DONE`` when they stop. ``on_start(runner, pool)`` is called once both exist (the
+    rehearsal's fault injection). Returns the runner's summary with each replica's act calls/s while its
+    games play (``_rate``)."""
     import ray
 
     from histeve_jax.eval.fleet import Fleet
-    from histeve_jax.eval.policy_agent import PolicyAgentFactory
     from histeve_jax.rl.actors import GroupRunner
-    from histeve_jax.rl.weights import RLPolicyServer
+    from histeve_jax.rl.serving import ServerPool, ServerSpec
 
     os.makedirs(rl.rollout_dir, exist_ok=True)
+    server_spec = ServerSpec.from_config(c.server)
     if not ray.is_initialized():
         ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  **({"address": c.ray_address} if c.ray_address else {"num_cpus": os.cpu_count()}))
     try:
-        server = ray.remote(num_cpus=0)(RLPolicyServer).remote(
-            c.start_run, learner_dir, max_batch=c.instances, temperature=rl.temperature)
-        history, stride, _ = ray.get(server.layout.remote())
-        factory = PolicyAgentFactory(server, history, stride)
+        pool = ServerPool(server_spec, c.start_run, learner_dir, games=c.instances,
+                          temperature=rl.temperature)
         # PNG frames: the learner must see exactly what the actor saw (JPEG's loss alone moves the tiny
         # policy's log-probs by ~0.05, so the ratio to the recorded ones would not start at 1).
         with Fleet(c.instances, {"obs_size": tuple(image_size), **dict(c.env)}, max_attempts=1,
                    run_kwargs={"kind": "rl", "frame_format": "png"}) as fleet:
-            runner = GroupRunner(fleet, server, factory, rl, task, seed=c.group_seed)
-            summary = runner.run(deadline=deadline)
-        ray.kill(server)
+            runner = GroupRunner(fleet, pool, pool.factory(), rl, task, seed=c.group_seed)
+            if on_start is not None:
+                on_start(runner, pool)
+            summary = runner.run(deadline=deadline, until=until)
+        summary["act_calls_per_s"] = [_rate(t) for t in pool.request_times()]
+        pool.close()
     finally:
         with open(os.path.join(rl.rollout_dir, DONE_FILE), "w") as f:
             f.write("actors done\n")
         ray.shutdown()
     return summary
+
+
+def _rate(times: list[float], gap_s: float = 1.0) -> float:
+    """Calls per second while calls come: over the stretches of ``times`` with no pause longer than
+    ``gap_s`` (between waves the games wait for the learner or a restart; that is not the server's rate)."""
+    t = np.asarray(times, float)
+    if len(t) < 2:
+        return 0.0
+    d = np.diff(t)
+    busy = d[d <= gap_s]
+    return float(len(busy) / busy.sum()) if busy.size and busy.sum() > 0 else 0.0
 
 
 def run_rl(c: Any) -> dict[str, Any]:

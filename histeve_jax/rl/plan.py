@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from histeve_jax.rl.spec import RLSpec
@@ -98,3 +99,70 @@ def rl_plan(train_config: Any, rl: RLSpec, mesh: Any, hbm_bytes: float, *, scan_
               f"replay {rl.replay_rows}) x {spec.data.max_len}, microbatches {spec.loop.microbatches}; "
               f"per device {gb}")
     return out
+
+
+def act_plan(cfg: Any, batch: int, prompt_len: int, *, dtype: Any = jnp.bfloat16) -> dict[str, float]:
+    """Compile the policy server's act program (``ActionSampler``'s: prefill of ``batch`` prompts of
+    ``prompt_len`` tokens with ``cfg.num_frames`` frames each, then the grammar-constrained decode loop of
+    up to ``cfg.vocab.max_len`` tokens) on one device with ``dtype`` weights, from abstract shapes; returns
+    its memory and cost analysis. XLA counts a loop body once: ``flops`` and ``bytes_accessed`` are the
+    prefill plus ONE decode step (``act_time`` adds the others)."""
+    import importlib
+    import math
+
+    from flax import nnx
+
+    from histeve_jax.actions import grammar as grammar_lib
+    from histeve_jax.policy import Policy
+    from histeve_jax.policy.sampling import grammar_of
+
+    # the module, not the package's generate() function of the same name
+    gen = importlib.import_module("histeve_jax.models.qwen2_5_vl.generate")
+    model = nnx.eval_shape(lambda: Policy(cfg, rngs=nnx.Rngs(0))).model
+    graphdef, state = nnx.split(model)
+    flat = nnx.to_flat_state(state)
+    paths = tuple(p for p, _ in flat)
+
+    def cast(v: Any) -> Any:
+        v = v.get_value() if hasattr(v, "get_value") else v
+        floating = jnp.issubdtype(v.dtype, jnp.floating)
+        return jax.ShapeDtypeStruct(v.shape, dtype if floating else v.dtype)
+
+    weights = tuple(cast(v) for _, v in flat)
+    layer_def, layer_state = nnx.split(model.language_model.layers)
+    layer_paths = tuple(p for p, _ in nnx.to_flat_state(layer_state))
+    run = gen._compiled(graphdef, paths, layer_def, layer_paths)
+    s = jax.ShapeDtypeStruct
+    B, T = batch, prompt_len
+    n_img = B * cfg.num_frames
+    pixels = s((n_img * cfg.patches_per_image, cfg.base.vision.patch_dim), jnp.float32)
+    prompt = gen._Prompt(s((B, T), jnp.int32), s((B, T), jnp.int32), pixels, None, None, s((B,), jnp.int32))
+    grammar = grammar_of(cfg)
+    leaves, treedef = jax.tree.flatten(grammar_lib.ActionConstraint(grammar, np.zeros((B,), np.int32)))
+    c_leaves = [s(np.shape(x), np.asarray(x).dtype) for x in leaves]
+    end = cfg.vocab.id_of(cfg.vocab.slots.end)
+    static = gen._Static(image_grid=cfg.image_grid(n_img), video_grid=None,
+                         max_new=int(cfg.vocab.max_len), greedy=False, stop_ids=(end,), pad_id=end,
+                         constraint=("tree", treedef), unstack=False)
+    key = s((), jax.random.key(0).dtype)
+    f32 = s((), jnp.float32)
+    compiled = run.lower(weights, (), prompt, key, f32, f32, c_leaves, static=static).compile()
+    mem, cost = compiled.memory_analysis(), compiled.cost_analysis()
+    weight_bytes = float(sum(math.prod(w.shape) * jnp.dtype(w.dtype).itemsize for w in weights))
+    return {"batch": B, "prompt_len": T, "decode_tokens": int(cfg.vocab.max_len),
+            "weight_bytes": weight_bytes, "argument_bytes": float(mem.argument_size_in_bytes),
+            "temp_bytes": float(mem.temp_size_in_bytes), "output_bytes": float(mem.output_size_in_bytes),
+            "peak_bytes": _total(mem), "flops": float(cost["flops"]),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def act_time(plan: dict[str, float], decode_flops_per_row: float, *, chips: int, peak_flops: float,
+             hbm_bytes_per_s: float, mfu: float) -> float:
+    """Seconds of one act call of ``plan`` on ``chips`` chips (the batch split over them, weights on each):
+    the program as compiled (prefill + one decode step) at ``mfu`` of peak or its bytes at HBM speed,
+    whichever is longer, plus the other decode steps, each reading the weights once (a decode step's
+    FLOPs, ``decode_flops_per_row`` per row, are far below that at these batches)."""
+    prog = max(plan["flops"] / (chips * peak_flops * mfu), plan["bytes_accessed"] / (chips * hbm_bytes_per_s))
+    step = max(plan["batch"] * decode_flops_per_row / (chips * peak_flops * mfu),
+               plan["weight_bytes"] / hbm_bytes_per_s)
+    return prog + (plan["decode_tokens"] - 1) * step

@@ -4,7 +4,9 @@ The learner publishes by saving (``train.loop``'s ``checkpoint_every``; orbax co
 a reader never sees half a step). ``RLPolicyServer`` is the fleet's batching ``PolicyServer`` that, when
 asked between episodes (``reload``), loads the newest published step of the learner's workdir into its
 policy in place (``nnx.update``: the compiled sampler reads the new values, nothing recompiles). Before the
-learner's first save it serves the start run (the reference), whose weights are the learner's step 0.
+learner's first save it serves the start run (the reference), whose weights are the learner's step 0. It
+also reloads when it starts, so a server restarted after a crash (``rl.serving``) acts with the newest
+weights, not the start run's.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class RLPolicyServer(PolicyServer):
         self.learner_workdir = learner_workdir
         self.policy_step = 0  # the learner step of the weights acting now (start run = step 0)
         self.reload_errors = 0
+        self.reload()
 
     def reload(self) -> int:
         """Load the learner's newest step if it is newer than the acting one; returns the acting step."""
@@ -78,3 +81,13 @@ class RLPolicyServer(PolicyServer):
     def version(self) -> int:
         """The learner step of the acting weights."""
         return self.policy_step
+
+    def pid(self) -> int:
+        """This server's process id (a restarted server has a new one)."""
+        return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node this server runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
