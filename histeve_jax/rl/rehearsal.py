@@ -325,7 +325,8 @@ def run_rehearsal(c: Any) -> dict[str, Any]:
             live.wait(r.timeout_s)  # it drains the groups written, saves its last step and exits
         finally:
             faults.done.set()
-            faults.join(timeout=120)
+            if faults.ident is not None:  # started: an error before the actors began must not be masked
+                faults.join(timeout=120)
             live.kill()
     out["actors"] = actors
     out["faults"] = faults.report

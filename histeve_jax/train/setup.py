@@ -90,7 +90,8 @@ def _base_config(spec: RunSpec, *, named_base: bool) -> qwen2_5_vl.Qwen2_5_VLCon
 
 
 def model_overrides(spec: RunSpec) -> dict[str, Any]:
-    """The base config fields the run sets: compute and parameter dtypes, remat."""
+    """The base config fields the run sets: compute and parameter dtypes, remat, and a random model's
+    M-RoPE base (``config.model.rope_theta``)."""
     m = spec.model
     out: dict[str, Any] = dict(dtype=jnp.dtype(m.dtype), param_dtype=jnp.dtype(m.param_dtype), remat=m.remat)
     if m.rope_theta:
