@@ -48,12 +48,9 @@ class ServerSpec:
 
     @classmethod
     def from_config(cls, c: Mapping[str, Any]) -> ServerSpec:
-        d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"config.server: unknown field(s) {unknown}; known: {sorted(names)}")
-        return cls(**d)
+        from histeve_jax.rl.spec import config_fields
+
+        return cls(**config_fields(cls, c, "config.server"))
 
     def batch_for(self, games: int) -> int:
         """Rows per act call: ``max_batch``, or the games one replica serves."""

@@ -16,6 +16,16 @@ from histeve_jax.losses.rl import RLLossConfig
 from histeve_jax.rl.scoring import ScoreConfig
 
 
+def config_fields(cls: type, c: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A config group as a plain dict of ``cls``'s fields; an unknown key is a ValueError naming ``where``."""
+    d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(names)}")
+    return d
+
+
 @dataclasses.dataclass(frozen=True)
 class RLSpec:
     """Where stage 3 reads and writes, its batch layout, and how actors and learner stay in step."""
@@ -60,11 +70,7 @@ class RLSpec:
     @classmethod
     def from_config(cls, c: Mapping[str, Any]) -> RLSpec:
         """From the ``rl`` ConfigDict: its ``loss`` and ``score`` groups are the two configs' fields."""
-        d = dict(c.to_dict() if hasattr(c, "to_dict") else c)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"config.rl: unknown field(s) {unknown}; known: {sorted(names)}")
+        d = config_fields(cls, c, "config.rl")
         try:
             d["loss"] = RLLossConfig(**dict(d.get("loss", {})))
             d["score"] = ScoreConfig(**dict(d.get("score", {})))
