@@ -105,6 +105,32 @@ def test_adamw_step_matches_hand_formula():
         )
 
 
+@pytest.mark.parametrize("factor", [0.1, 0.0])
+def test_vision_lr_factor_scales_only_the_vision_towers_step(factor):
+    from histeve_jax.policy.config import tiny_config
+    from histeve_jax.policy.model import Policy
+
+    params = nnx.state(Policy(tiny_config(), rngs=nnx.Rngs(0)), nnx.Param)
+    cfg = {"learning_rate": 0.1, "warmup_steps": 0, "total_steps": 10, "end_lr_factor": 1.0,
+           "weight_decay": 0.5, "clip_norm": 0.0}
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 2.0), params)
+    steps = {}
+    for f in (1.0, factor):
+        tx, _ = optimizer.make_optimizer({**cfg, "vision_lr_factor": f})
+        updates, _ = tx.update(grads, tx.init(params), params)
+        steps[f] = dict(nnx.to_flat_state(updates))
+    vision = 0
+    for path, full in steps[1.0].items():
+        is_vision = "visual" in path
+        vision += is_vision
+        want = np.asarray(full.get_value()) * (factor if is_vision else 1.0)
+        np.testing.assert_allclose(np.asarray(steps[factor][path].get_value()), want, rtol=1e-6,
+                                   err_msg=str(path))
+    assert 0 < vision < len(steps[1.0])  # the tower's tensors (patch embedding, blocks, merger), not others
+    with pytest.raises(ValueError, match="vision_lr_factor"):
+        optimizer.make_optimizer({**cfg, "vision_lr_factor": -1.0})
+
+
 def test_sharded_init_equals_eager_init_and_starts_at_step_zero():
     tx, _ = optimizer.make_optimizer({"warmup_steps": 0, "total_steps": 10})
     mesh = one_device_mesh()

@@ -23,7 +23,13 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.1,
     "clip_norm": 1.0,  # 0 or None: no clipping
     "mu_dtype": None,  # e.g. "bfloat16" halves the first moment's memory
+    # The vision tower's step relative to the rest (its learning rate times this; 0 freezes it). A random
+    # tiny tower at the decoder's 1e-3 collapses to one constant output (measured: README "The GUI").
+    "vision_lr_factor": 1.0,
 }
+
+# Parameters under this path component are the vision tower's (Qwen2_5_VLModel.visual).
+VISION_PATH_KEY = "visual"
 
 # Scales, biases and norm weights are not decayed; their names hold these keys.
 _NO_DECAY_NAMES = ("bias", "scale", "norm")
@@ -71,6 +77,17 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def vision_mask(params: Any) -> Any:
+    """True for the vision tower's parameters (a ``visual`` component in their path)."""
+
+    def one(path: tuple[Any, ...], var: Any) -> Any:
+        parts = jax.tree_util.keystr(path, simple=True, separator="/").split("/")
+        flag = VISION_PATH_KEY in parts
+        return var.replace(flag) if isinstance(var, nnx.Variable) else flag
+
+    return jax.tree_util.tree_map_with_path(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """(AdamW chain with clipping, its learning-rate schedule) from ``config.optimizer``."""
     c = _cfg(cfg)
@@ -90,6 +107,11 @@ def make_optimizer(cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedu
             mask=decay_mask,
         )
     )
+    factor = float(c["vision_lr_factor"])
+    if factor < 0:
+        raise ValueError(f"config.optimizer.vision_lr_factor={factor} must be >= 0")
+    if factor != 1.0:  # (1.0 adds nothing, so the optimizer state of older checkpoints keeps its shape)
+        parts.append(optax.masked(optax.scale(factor), vision_mask))
     return optax.chain(*parts), schedule
 
 
