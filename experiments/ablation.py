@@ -24,7 +24,7 @@ import sys
 
 from absl import app, flags
 
-from experiments.config_cli import define_config
+from experiments.config_cli import define_config_and_workdir
 from experiments.configs.ablation import ROWS
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,10 +158,7 @@ def main(argv: list[str]) -> None:
 
 
 def define_flags() -> None:
-    """``--config`` and ``--workdir`` (here, not at import: tests import this module beside other entry
-    points, and absl flags are defined once per process)."""
-    define_config(os.path.join(os.path.dirname(__file__), "configs", "ablation.py"), "Ablation config.")
-    flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
+    define_config_and_workdir("ablation", "Ablation config.")
 
 
 if __name__ == "__main__":

@@ -22,3 +22,15 @@ def define_config(default: str, help_text: str = "Config file and variant: path.
         culprit = next((a.split("=")[0] for a in given if key and key in a), ", ".join(given))
         config = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--config=")), default)
         sys.exit(f"error: config key {key!r} does not exist in {config} (override {culprit})")
+
+
+def define_config_and_workdir(config_name: str, help_text: str) -> None:
+    """``--config`` (default ``experiments/configs/<config_name>.py``) and ``--workdir``. Called from
+    ``__main__``, not at import: tests import several entry points in one process, and absl defines a flag
+    once per process."""
+    import os
+
+    from absl import flags
+
+    define_config(os.path.join(os.path.dirname(__file__), "configs", f"{config_name}.py"), help_text)
+    flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")

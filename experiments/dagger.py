@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags
 
-from experiments.config_cli import define_config
+from experiments.config_cli import define_config_and_workdir
 
 
 def train_round(init_from: str, workdir: str, train_dirs: list[str], steps: int) -> None:
@@ -66,10 +66,7 @@ def main(argv: list[str]) -> None:
 
 
 def define_flags() -> None:
-    """``--config`` and ``--workdir`` (here, not at import: tests import this module beside other entry
-    points, and absl flags are defined once per process)."""
-    define_config(os.path.join(os.path.dirname(__file__), "configs", "dagger.py"), "DAgger config.")
-    flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
+    define_config_and_workdir("dagger", "DAgger config.")
 
 
 if __name__ == "__main__":
