@@ -3,8 +3,8 @@
 For windows of demonstration records (the training pipeline's own samples), it measures
 - ``black[k]``: how far the policy's distributions over the reply's tokens move (max |dp| over the
   vocabulary and the reply's positions, teacher-forced on the record's action; averaged over windows) when
-  frame slot ``k`` (0 the oldest, the last the current one) is replaced by a
-  black frame: 0 means that slot reaches the action not at all;
+  frame slot ``k`` (0 the oldest, the last the current one) is replaced by a black frame: 0 means that slot
+  reaches the action not at all;
 - ``swap[k]``: the same when slot ``k`` is replaced by the same slot of the next window: whether the policy
   tells the windows' frames apart, not just "a frame is there";
 - ``feature_spread``: the vision tower's output for the current frame, across the windows, relative to its
@@ -13,7 +13,7 @@ For windows of demonstration records (the training pipeline's own samples), it m
 
 Measured with it (README "The GUI"), craft_planks, 24 inventory windows: the trained policy's ``black`` was
 7e-6 for the current frame and 0.08 for the history frame (which tells "the inventory just opened"), its
-``feature_spread`` 0.0016 (0.044 at initialisation).
+``feature_spread`` 0.0016 (about 0.04 at initialisation).
 
     python -m experiments.probe --run=<imitation workdir> --records=<records dir> [--task=craft_planks]
 """
