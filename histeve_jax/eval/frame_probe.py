@@ -13,7 +13,7 @@ For windows of demonstration records (the training pipeline's own samples), it m
 
 Measured with it (README "The GUI"), craft_planks, 24 inventory windows: the trained policy's ``black`` was
 7e-6 for the current frame and 0.08 for the history frame (which tells "the inventory just opened"), its
-``feature_spread`` 0.0016 (about 0.04 at initialisation).
+``feature_spread`` 0.0016 (0.066 for the same config at initialisation).
 
     python -m experiments.probe --run=<imitation workdir> --records=<records dir> [--task=craft_planks]
 """
