@@ -34,3 +34,43 @@ def test_the_arrow_is_clipped_at_the_screen_edge(xy):
     out = draw_cursor(frame, xy)
     visible = xy[0] < 640 and xy[1] < 360
     assert ((out != 90).any() == visible) and out.shape == frame.shape
+
+
+def test_guide_lines_cross_the_whole_frame_at_the_tip_under_the_arrow():
+    frame = np.full((360, 640, 3), 90, np.uint8)
+    out = draw_cursor(frame, (100, 50), lines=7)
+    magenta = (out == (255, 0, 255)).all(axis=-1)
+    # Full rows and columns but where the 11x16 arrow covers them.
+    rows = np.flatnonzero(magenta.sum(axis=1) >= 640 - 11)
+    cols = np.flatnonzero(magenta.sum(axis=0) >= 360 - 16)
+    assert rows.tolist() == list(range(47, 54)) and cols.tolist() == list(range(97, 104))  # centred, 7 wide
+    # Away from both lines nothing changed; at the tip the arrow is drawn over the lines.
+    assert (out[200:, 200:] == 90).all() and (out[50, 100] == 0).all() and (out[55, 101] == 255).all()
+    assert (out[0, 100] == (255, 0, 255)).all() and (out[359, 100] == (255, 0, 255)).all()
+    assert (out[50, 0] == (255, 0, 255)).all() and (out[50, 639] == (255, 0, 255)).all()
+    with pytest.raises(ValueError, match="lines"):
+        draw_cursor(frame, (0, 0), lines=-1)
+
+
+@pytest.mark.parametrize("xy", [(1, 1), (639, 359), (-2, 5)])
+def test_guide_lines_are_clipped_at_the_screen_edge(xy):
+    frame = np.full((360, 640, 3), 90, np.uint8)
+    out = draw_cursor(frame, xy, lines=7)
+    magenta = (out == (255, 0, 255)).all(axis=-1)
+    x, y = xy
+    want_rows = [r for r in range(y - 3, y + 4) if 0 <= r < 360]
+    want_cols = [c for c in range(x - 3, x + 4) if 0 <= c < 640]
+    assert np.flatnonzero(magenta.sum(axis=1) >= 640 - 11).tolist() == want_rows  # the arrow covers <= 11
+    assert np.flatnonzero(magenta.sum(axis=0) >= 360 - 16).tolist() == want_cols
+
+
+def test_guide_lines_leave_the_slot_under_the_tip_visible():
+    frame = np.full((360, 640, 3), 90, np.uint8)
+    out = draw_cursor(frame, (300, 200), lines=7, gap=14)
+    magenta = (out == (255, 0, 255)).all(axis=-1)
+    assert not magenta[186:215, 286:315].any()  # nothing within 14 px of the tip
+    assert magenta[200, :286].all() and magenta[200, 315:].all()  # the row's line on both sides of the gap
+    assert magenta[:186, 300].all() and magenta[215:, 300].all()  # and the column's
+    assert (out[186:215, 286:300] == 90).all()  # left of the tip: the frame (the arrow goes right and down)
+    with pytest.raises(ValueError, match="gap"):
+        draw_cursor(frame, (0, 0), lines=7, gap=-1)

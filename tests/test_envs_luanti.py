@@ -147,12 +147,18 @@ def test_the_gui_frame_shows_the_pointer_where_the_cursor_is(env):
     x, y = info["cursor"]
     raw = env.render()
     assert not (raw[y + 4:y + 20, x + 2:x + 8] == 255).all(axis=-1).any()  # no white arrow in the grab
-    drawn = draw_cursor(raw, (x, y), env.cursor_scale)
-    assert (drawn[y + 4:y + 20, x + 2:x + 8] == 255).all(axis=-1).sum() >= 40
+    k = env.cursor_scale  # the sprite's white fill: rows 2-13, columns 1-5, each pixel k x k
+    drawn = draw_cursor(raw, (x, y), k)
+    assert (drawn[y + 2 * k:y + 14 * k, x + k:x + 6 * k] == 255).all(axis=-1).sum() >= 40 * k * k
     h, w = obs["image"].shape[:2]
     sy, sx = h / raw.shape[0], w / raw.shape[1]  # the arrow's fill, shrunk with the frame, still shows white
-    box = obs["image"][int(y * sy):int((y + 24) * sy) + 1, int(x * sx):int((x + 12) * sx) + 1]
-    assert box.min(axis=-1).max() > 200
+    box = obs["image"][int(y * sy):int((y + 12 * k) * sy) + 1, int(x * sx):int((x + 6 * k) * sx) + 1]
+    assert box.min(axis=-1).max() > 150  # white, over the dark grey formspec
+    # The guide lines through the tip cross the whole observation (magenta, unlike anything in the game).
+    img = obs["image"].astype(int)
+    magenta = (img[..., 0] > 180) & (img[..., 1] < 90) & (img[..., 2] > 180)
+    assert env.cursor_lines > 0 and not ((raw[..., 0] > 180) & (raw[..., 1] < 90) & (raw[..., 2] > 180)).any()
+    assert magenta[round(y * sy)].mean() > 0.8 and magenta[:, round(x * sx)].mean() > 0.8
     env.step(_act(inventory=1))
     _steps(env, noop_action(), 4)
 

@@ -2,10 +2,17 @@
 
 Screen captures do not hold the pointer: the X server (Luanti under Xvfb) and Minecraft's framebuffer both
 draw it outside the frame that is grabbed. A policy that moves the cursor between inventory slots must see
-where it is, so the backends paste this arrow at ``info["cursor"]`` into every GUI frame before resizing,
-as VPT's data loader does for its contractor frames (a 16x16 arrow at the 640x360 render). The backends
-draw it twice that size by default: a policy's frames are the render shrunk 3-6 times, and a 16 px arrow
-comes out a few pixels across, inside one vision patch.
+where it is, so ``LuantiEnv`` pastes this arrow at ``info["cursor"]`` into every GUI frame before resizing,
+as VPT's data loader does for its contractor frames (a 16x16 arrow at the 640x360 render).
+
+A policy's frames are the render shrunk 3-6 times, so the arrow comes out a few pixels across, inside one
+vision patch of a frame whose other patches do not change while it moves, and a tiny policy trained from
+scratch did not learn to read it (README "The GUI": a loss plateau that a full batch leaves and minibatches
+of 8 do not). ``lines`` adds guide lines through the tip, one horizontal and one vertical across the whole
+frame (magenta, a colour the game's GUI does not use), so every row and column of visual tokens that the
+pointer's row and column cross changes with it, as a screen magnifier's cross-hair cursor does for a person
+who cannot see a small pointer; ``gap`` keeps them off the slot under the tip, whose item the policy must
+see. The env draws the 16 px arrow (``cursor_scale=1``) over 7 px lines that stop 14 px from the tip.
 """
 
 from __future__ import annotations
@@ -35,12 +42,21 @@ _OUTLINE = np.array([[c == "X" for c in row] for row in _ARROW])
 _FILL = np.array([[c == "o" for c in row] for row in _ARROW])
 
 
-def draw_cursor(frame: np.ndarray, cursor: tuple[float, float] | None, scale: int = 1) -> np.ndarray:
+LINE_RGB = (255, 0, 255)
+
+
+def draw_cursor(
+    frame: np.ndarray, cursor: tuple[float, float] | None, scale: int = 1, lines: int = 0, gap: int = 0
+) -> np.ndarray:
     """A copy of ``frame`` (HxWx3 uint8, render pixels) with the arrow's tip at ``cursor`` (x, y), each
-    sprite pixel drawn as ``scale`` x ``scale``; the frame itself when ``cursor`` is None. Parts of the
-    arrow off the screen are clipped."""
+    sprite pixel drawn as ``scale`` x ``scale``, over guide lines ``lines`` pixels wide through the tip
+    across the frame (0: none) that leave out the ``gap`` px on each side of the tip, so that what lies under
+    the pointer stays visible; the frame itself when ``cursor`` is None. Parts of the arrow and lines off the
+    screen are clipped."""
     if cursor is None:
         return frame
+    if lines < 0 or gap < 0:
+        raise ValueError(f"draw_cursor: lines and gap must be >= 0, got lines={lines} gap={gap}")
     outline, fill = _sprite(scale)
     h, w = frame.shape[:2]
     x0, y0 = int(round(cursor[0])), int(round(cursor[1]))
@@ -49,6 +65,14 @@ def draw_cursor(frame: np.ndarray, cursor: tuple[float, float] | None, scale: in
     if ys.start >= ys.stop or xs.start >= xs.stop:
         return frame
     out = frame.copy()
+    if lines:  # centred on the tip; clipped to the screen like the arrow
+        top, left = y0 - lines // 2, x0 - lines // 2
+        rows = slice(max(top, 0), max(min(top + lines, h), 0))
+        cols = slice(max(left, 0), max(min(left + lines, w), 0))
+        out[rows, : max(x0 - gap, 0)] = LINE_RGB
+        out[rows, max(x0 + gap + 1, 0):] = LINE_RGB
+        out[: max(y0 - gap, 0), cols] = LINE_RGB
+        out[max(y0 + gap + 1, 0):, cols] = LINE_RGB
     sy, sx = slice(ys.start - y0, ys.stop - y0), slice(xs.start - x0, xs.stop - x0)
     patch = out[ys, xs]
     patch[outline[sy, sx]] = 0

@@ -18,6 +18,9 @@ from histeve_jax.envs.tasks import Task
 EYE_HEIGHT = 1.47  # minetest_game's player eye height above the feet
 REACH = 3.6  # a little under the hand's 4-node range
 MAX_TURN = 10.0  # degrees per step
+# A slot is about 22 px inside (26 px apart): a click within 5 px of its centre lands in it. Finer moves are a
+# 1-2 px difference in a policy's 112x196 frame, steps no policy here can tell apart, so the experts stop.
+CURSOR_TOL = 5.0
 AIM_TOL = 1.5  # degrees
 
 # Main inventory slot (1-based) -> cursor position. Row 1 is the hotbar row of the sfinv page.
@@ -187,12 +190,15 @@ class Expert:
                     return
                 yield noop_action(), "close_inventory"
 
-    def cursor_to(self, xy: tuple[int, int], subtask: str, max_steps: int = 40):
+    def cursor_to(self, xy: tuple[int, int], subtask: str, max_steps: int = 40, tol: float = CURSOR_TOL):
+        """Move the pointer until it is within ``tol`` px of ``xy`` on both axes (or no bin gets closer)."""
         for _ in range(max_steps):
             if self.info["cursor"] is None:  # the GUI closed (or its pointer is not reported yet) under load
                 yield noop_action(), subtask
                 continue
             cx, cy = self.info["cursor"]
+            if max(abs(xy[0] - cx), abs(xy[1] - cy)) <= tol:
+                return
             move = cursor_move(xy[0] - cx, xy[1] - cy)
             if move == (0.0, 0.0):  # within ~2 px: as close as the action space gets
                 return

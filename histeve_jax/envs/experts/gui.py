@@ -51,8 +51,9 @@ class CraftExpert(Expert):
         return self.info["inventory"].get(self.output, 0) >= self.goal
 
     def plan(self):
+        # No fixed pauses (the env returns a GUI action's frame once it shows): a pause is time the policy's
+        # history frame counts, and a policy that does not pause then sees history it was never shown.
         yield from self.open_inventory()
-        yield from self.wait(2, "open_inventory")
         for _attempt in range(4):
             if self.have_goal():
                 break
@@ -71,24 +72,26 @@ class CraftExpert(Expert):
                     slot = self.slot_of(item)
                 if slot is None:
                     raise RuntimeError(f"no {item} in the inventory for {self.output}")
+                count = self.info["inventory"].get(item, 0)
                 yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
                 yield from self.click("attack", f"pick_{item}")  # the whole stack onto the cursor
                 for cell in cells:
                     yield from self.cursor_to(CRAFT_XY[cell], f"place_{item}")
                     yield from self.click("use", f"place_{item}")  # one item into the grid
-                yield from self.cursor_to(SLOT_XY[slot], f"return_{item}")
-                yield from self.click("attack", f"return_{item}")  # the rest back where it came from
+                if count > len(cells):  # the rest back where it came from; with none left, a click on an
+                    # empty slot with an empty hand would change nothing on screen, and a policy could not
+                    # see whether it had made it yet
+                    yield from self.cursor_to(SLOT_XY[slot], f"return_{item}")
+                    yield from self.click("attack", f"return_{item}")
             # The server computes the output preview from the grid; clicking before it arrives takes nothing.
             for _ in range(20):
                 if (not self.grid_missing() and not self.grid_wrong()) or self.info.get("craft_grid") is None:
                     break
                 yield noop_action(), "wait_recipe"
-            yield from self.wait(2, "wait_recipe")
             if (self.grid_missing() or self.grid_wrong()) and self.info.get("craft_grid") is not None:
                 continue
             yield from self.cursor_to(CRAFT_OUTPUT_XY, "take_output")
             yield from self.click("attack", "take_output")
-            yield from self.wait(1, "take_output")
             before = self.info["inventory"].get(self.output, 0)
             for _store in range(3):  # a missed click leaves the output on the cursor: click again
                 slot = self.slot_of(self.output)

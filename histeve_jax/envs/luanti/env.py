@@ -7,8 +7,9 @@ GUI state: the server is not told when the client opens its inventory or a furna
 from the frame itself: the crosshair (white pixels in the centre) is drawn in play and hidden under every
 formspec. ``cursor`` is the X pointer position while a GUI is open (in play minetest re-centres the pointer
 every frame). The grabbed frame does not show the pointer (the X server draws it apart), so observations
-get an arrow drawn at ``cursor`` (``envs.cursor``, ``cursor_scale`` times the 16 px sprite;
-``show_cursor=False`` leaves the frame as grabbed).
+get an arrow drawn at ``cursor`` (``envs.cursor``, ``cursor_scale`` times the 16 px sprite, over magenta
+guide lines ``cursor_lines`` px wide through its tip across the frame, which stop ``cursor_gap`` px short of
+the tip; ``show_cursor=False`` leaves the frame as grabbed).
 
 Timing: within a step the keys and buttons change first, then the mouse moves (in play, once the client has
 re-centred the pointer after the last motion, see ``_await_centre``); the frame is grabbed 50 ms after the
@@ -113,7 +114,9 @@ class LuantiEnv(gym.Env):
         terminate_on_success: bool = True,
         randomize_init: bool = False,
         show_cursor: bool = True,
-        cursor_scale: int = 2,
+        cursor_scale: int = 1,
+        cursor_lines: int = 7,
+        cursor_gap: int = 14,
         gui_sync_s: float = 1.0,
     ):
         if len(obs_size) != 2 or min(obs_size) < 1:
@@ -130,6 +133,8 @@ class LuantiEnv(gym.Env):
         self.randomize_init = randomize_init
         self.show_cursor = show_cursor
         self.cursor_scale = int(cursor_scale)
+        self.cursor_lines = int(cursor_lines)  # 7 px at 640x360: 2 px of a 112x196 observation
+        self.cursor_gap = int(cursor_gap)  # lines stop 14 px from the tip: the slot under it stays visible
         self.gui_sync_s = float(gui_sync_s)  # 0: return the frame 50 ms after the press, whatever it shows
         self.episode_task = self.task
         self.observation_space = spaces.Dict(
@@ -338,7 +343,8 @@ class LuantiEnv(gym.Env):
 
     def _obs(self, info: dict[str, Any]) -> dict[str, np.ndarray]:
         h, w = self.obs_size
-        img = draw_cursor(self._frame, info["cursor"], self.cursor_scale) if self.show_cursor else self._frame
+        img = draw_cursor(self._frame, info["cursor"], self.cursor_scale, self.cursor_lines,
+                          self.cursor_gap) if self.show_cursor else self._frame
         if (h, w) != img.shape[:2]:
             img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
         return {"image": img}
