@@ -8,6 +8,10 @@ AdamW, clipping, ``vision_lr_factor``; constant learning rate) and prints the lo
 samples whose whole action is the argmax, every 50 steps.
 
     python -m experiments.benchmarks.memorise --records=<dir> [--vision_lr_factor=0.1] [--batch=0 (full)]
+
+``--draw_lines=W`` draws the env's guide lines (``envs.cursor``, ``W`` px wide, no gap) into every frame at
+the record's cursor, for records made without them: with old craft_planks records (no lines), batch 8 stays
+at CE 0.54 and 6 of 23 exact to step 800, and with ``--draw_lines=2`` it is at 0.08 and 19 of 23 at step 800.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from flax import nnx
 
 from histeve_jax.actions import is_null_action
 from histeve_jax.data import pipeline as P
+from histeve_jax.data import records as R
+from histeve_jax.envs.cursor import draw_cursor
 from histeve_jax.models import qwen2_5_vl
 from histeve_jax.policy import Policy, PolicyConfig
 from histeve_jax.train import optimizer as optimizer_lib
@@ -37,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--learning_rate", type=float, default=1e-3)
     p.add_argument("--vision_lr_factor", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draw_lines", type=int, default=0, help="guide lines this wide at the recorded cursor")
     a = p.parse_args(argv)
 
     base = {"tiny": qwen2_5_vl.tiny, "small": qwen2_5_vl.small}[a.base]()
@@ -57,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
             episodes.append(rec["episode_id"])
         if rec.get("kind") == "world_knowledge" or is_null_action(rec["action"]):
             continue
+        if a.draw_lines:
+            w = dict(w, frames=[_with_lines(src, i, k, f, a.draw_lines, spec.stride)
+                                for k, f in enumerate(w["frames"])])
         x = featurize.map(w)
         if P.BAD in x:
             raise ValueError(f"{a.records}: {rec['episode_id']} step {rec['step']}: {x[P.BAD]}")
@@ -85,6 +95,19 @@ def main(argv: list[str] | None = None) -> None:
         if s == 1 or s % 50 == 0 or s == a.steps:
             print(f"step {s} action_ce {float(loss):.4f} action_exact {float(metrics['action_exact']):.3f} "
                   f"({time.time() - start:.0f} s)", flush=True)
+
+
+def _with_lines(src: P.WindowSource, i: int, k: int, frame: bytes, width: int, stride: int) -> bytes:
+    """Frame ``k`` of window ``i`` (history first) with guide lines at its own record's cursor."""
+    n = len(src[i]["frames"])
+    rec = src._read(i)
+    back = min((n - 1 - k) * stride, rec.step)
+    cursor = src._read(i - back).cursor
+    img = R.decode_frame(frame)
+    if cursor is None:
+        return frame
+    s = img.shape[1] / 640  # the cursor is in 640x360 render pixels
+    return R.encode_frame(draw_cursor(img, (cursor[0] * s, cursor[1] * s), lines=width), fmt="png")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # VPT leaves null actions out of behavioural cloning; here that took mine_dirt from 10/20 to 20/20
         # (the demonstrations' waits had labelled frames that also carry a move or a click with a no-op).
         c.data.skip_null_actions = True
+        # The history frame is the previous step's. A GUI click often changes a few dozen of a 112x196
+        # frame's 22k pixels (a stack under the pointer and one held at it look alike), so only "the pointer
+        # was already here a step ago" tells the policy it has clicked: 4 steps back, it could not tell,
+        # and craft_planks was 0/20 (README "The GUI").
+        c.data.stride = 1
         c.eval.enabled = True
         c.eval.episodes = 20
     if variant == "qwen7b":
