@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
     # Distinct RS-Norm rows (filled independently): the regime changes the detector's context.
     _save_run(spec, _filled(setup.policy_stage(spec).init_model, 1), POLICY_STEP)
     loaded = load_run(spec.workdir)
-    # Width 32 against the policy's 64 (projections), 2 cross-attention blocks in 4 layers, 3 frame slots.
+    # Width 32 against the policy's 64 (projections), 2 cross-attention blocks in 4 layers, 3 frames.
     det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
                              policy_stride=loaded.stride)
     assert det_config.projects and det_config.num_groups == 2
@@ -156,7 +156,9 @@ def test_detector_directory_loads_offline_with_every_tensor(exported, runs):
     cfg = json.load(open(os.path.join(exported, "detector", "config.json")))
     assert cfg["auto_map"]["AutoModel"] == "modeling_histeve_detector.HiSteveDetector"
     assert cfg["histeve"]["source"] == {"run": os.path.abspath(det_dir), "step": DETECTOR_STEP}
-    assert cfg["histeve"]["threshold"] == THRESHOLD and cfg["frame_slots"]["offsets"] == [4, 2, 0]
+    # The frames both models read: the detector's (3 frames 2 steps apart), the policy's (its run's stride).
+    want = sorted({4, 2, 0} | {runs[3].policy_stride, 0}, reverse=True)
+    assert cfg["histeve"]["threshold"] == THRESHOLD and cfg["frame_slots"]["offsets"] == want
     model, info = AutoModel.from_pretrained(os.path.join(exported, "detector"), trust_remote_code=True,
                                             output_loading_info=True)
     assert type(model).__name__ == "HiSteveDetector" and len(model.cross) == 2

@@ -103,9 +103,9 @@ def _with_lines(src: P.WindowSource, i: int, k: int, frame: bytes, width: int, s
     rec = src._read(i)
     back = min((n - 1 - k) * stride, rec.step)
     cursor = src._read(i - back).cursor
-    img = R.decode_frame(frame)
     if cursor is None:
         return frame
+    img = R.decode_frame(frame)
     s = img.shape[1] / 640  # the cursor is in 640x360 render pixels
     return R.encode_frame(draw_cursor(img, (cursor[0] * s, cursor[1] * s), lines=width), fmt="png")
 
