@@ -2,17 +2,19 @@
 
 The check behind README "The GUI": the recorded craft_planks demonstrations are all the same 23 non-null
 steps, so a policy that reads its frames can learn them exactly. This trains a fresh tiny policy on the first
-``--episodes`` episodes of a records directory (the main job's features: 1 history frame 4 steps back,
-112x196, null actions left out) with the stage configs' optimizer (``train.optimizer.make_optimizer``:
+``--episodes`` episodes of a records directory (the main job's features: 112x196, null actions left out,
+one history frame, here ``--stride`` steps back: 4 by default, as when the figures below were measured; the
+main job now takes 1) with the stage configs' optimizer (``train.optimizer.make_optimizer``:
 AdamW, clipping, ``vision_lr_factor``; constant learning rate) and prints the loss and the fraction of
 samples whose whole action is the argmax, every 50 steps.
 
     python -m experiments.benchmarks.memorise --records=<dir> [--vision_lr_factor=0.1] [--batch=0 (full)]
 
-``--draw_lines=W`` draws the env's guide lines (``envs.cursor``, ``W`` px wide, no gap) into every frame at
-the record's cursor, for records made without them. Measured on 2026-12-04 on craft_planks records made
-before the env drew them, ``--batch=8``, figures of the step's minibatch: without, CE 0.47-0.68 from step 200
-to 800 (3 of 8 exact at 800); with ``--draw_lines=2``, 0.12 at step 400 and 0.0006-0.04 from step 600 on.
+``--draw_lines=W`` draws the env's guide lines (``envs.cursor``, ``W`` px wide, no gap, and the 16 px arrow
+over them) into every frame at the record's cursor, for records made without them. Measured on 2026-12-04
+on craft_planks records made before the env drew them, ``--batch=8``, figures of the step's minibatch:
+without, CE 0.47-0.68 from step 200 to 800 (3 of 8 exact at 800); with ``--draw_lines=2``, 0.12 at step 400
+and 0.0006-0.04 from step 600 on.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--episodes", type=int, default=1)
     p.add_argument("--base", default="tiny", choices=("tiny", "small"))
     p.add_argument("--history", type=int, default=1)
+    p.add_argument("--stride", type=int, default=4, help="steps between the frames of a window")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch", type=int, default=0, help="0: all samples every step (full batch)")
     p.add_argument("--learning_rate", type=float, default=1e-3)
@@ -50,10 +53,12 @@ def main(argv: list[str] | None = None) -> None:
     base = {"tiny": qwen2_5_vl.tiny, "small": qwen2_5_vl.small}[a.base]()
     cfg = PolicyConfig(base=base, action_token_base=base.text.vocab_size, history_frames=a.history,
                        image_size=(112, 196), max_targets=16)
-    spec = P.FeatureSpec(history=a.history, stride=4, image_size=(112, 196), max_len=112,
+    spec = P.FeatureSpec(history=a.history, stride=a.stride, image_size=(112, 196), max_len=112,
                          skip_null_actions=True,
                          compact_vocab=P.CompactVocab(action_base=cfg.action_token_base))
-    src = P.WindowSource(P.open_shards(a.records), history=spec.history, stride=spec.stride)
+    shards = P.open_shards(a.records)
+    src = P.WindowSource(shards, history=spec.history, stride=spec.stride)
+    steps = P.WindowSource(shards)  # one record per index: each frame's own cursor, for --draw_lines
     featurize = P.Featurize(spec)
     episodes, rows = [], []
     for i in range(len(src)):
@@ -66,8 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         if rec.get("kind") == "world_knowledge" or is_null_action(rec["action"]):
             continue
         if a.draw_lines:
-            w = dict(w, frames=[_with_lines(src, i, k, f, a.draw_lines, spec.stride)
-                                for k, f in enumerate(w["frames"])])
+            w = dict(w, frames=_with_lines(steps, i, w["frames"], a.draw_lines, spec.stride))
         x = featurize.map(w)
         if P.BAD in x:
             raise ValueError(f"{a.records}: {rec['episode_id']} step {rec['step']}: {x[P.BAD]}")
@@ -98,17 +102,20 @@ def main(argv: list[str] | None = None) -> None:
                   f"({time.time() - start:.0f} s)", flush=True)
 
 
-def _with_lines(src: P.WindowSource, i: int, k: int, frame: bytes, width: int, stride: int) -> bytes:
-    """Frame ``k`` of window ``i`` (history first) with guide lines at its own record's cursor."""
-    n = len(src[i]["frames"])
-    rec = src._read(i)
-    back = min((n - 1 - k) * stride, rec.step)
-    cursor = src._read(i - back).cursor
-    if cursor is None:
-        return frame
-    img = R.decode_frame(frame)
-    s = img.shape[1] / 640  # the cursor is in 640x360 render pixels
-    return R.encode_frame(draw_cursor(img, (cursor[0] * s, cursor[1] * s), lines=width), fmt="png")
+def _with_lines(steps: P.WindowSource, i: int, frames: list[bytes], width: int, stride: int) -> list[bytes]:
+    """Window ``i``'s frames (oldest first, as ``WindowSource`` clamps them to the episode's first) with
+    guide lines at each frame's own record's cursor."""
+    step = steps[i]["record"]["step"]
+    out = []
+    for k, frame in enumerate(frames):
+        cursor = steps[i - min((len(frames) - 1 - k) * stride, step)]["record"]["cursor"]
+        if cursor is None:
+            out.append(frame)
+            continue
+        img = R.decode_frame(frame)
+        s = img.shape[1] / 640  # the cursor is in 640x360 render pixels
+        out.append(R.encode_frame(draw_cursor(img, (cursor[0] * s, cursor[1] * s), lines=width), fmt="png"))
+    return out
 
 
 if __name__ == "__main__":
