@@ -37,3 +37,38 @@ def test_the_main_job_trains_then_evaluates_closed_loop(tmp_path):
     assert summary["results"]["random"]["place_dirt"]["seeds"] == [1000]
     # The output reads cleanly: no TensorFlow banners between the training and the results.
     assert "oneDNN" not in out.stdout + out.stderr
+
+
+def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
+    """imitation.py:pickaxe is the main job's run (model, frames, data settings) on the main four tasks and the
+    rest of wooden_pickaxe's subtasks, recorded by record.py:pickaxe at its frame size, each with an expert."""
+    from experiments.configs import imitation, record
+    from experiments.configs.evaluate import MAIN_TASKS
+    from histeve_jax.envs.experts import EXPERT_TASKS
+    from histeve_jax.train.specs import RunSpec
+
+    tiny, pick = imitation.get_config("tiny"), imitation.get_config("pickaxe")
+    rec = record.get_config(pick.record.variant)
+    assert tuple(pick.eval.tasks) == tuple(rec.tasks) == (*MAIN_TASKS, "mine_log", "craft_sticks",
+                                                          "craft_wooden_pickaxe")
+    assert set(rec.tasks) <= set(EXPERT_TASKS) and tuple(rec.obs_size) == tuple(pick.data.image_size)
+    assert rec.episodes == pick.record.episodes
+
+    def flat(c, prefix=""):
+        out = {}
+        for k, v in c.items():
+            out.update(flat(v, f"{prefix}{k}.") if hasattr(v, "items") else {f"{prefix}{k}": v})
+        return out
+
+    a, b = flat(tiny.to_dict()), flat(pick.to_dict())
+    assert a.keys() == b.keys()
+    changed = {k for k in a if a[k] != b[k]}
+    assert changed == {"variant", "workdir", "record.variant", "num_train_steps", "optimizer.total_steps",
+                       "eval_every", "checkpoint_every", "eval.tasks", "eval.agents", "eval.max_steps"}
+    assert pick.optimizer.total_steps == pick.num_train_steps == 3000
+    spec = RunSpec.from_config(pick, "/tmp/unused")
+    assert spec.variant == "pickaxe" and spec.data.stride == tiny.data.stride
+    with pytest.raises(ValueError, match="unknown imitation config variant 'pickax'"):
+        imitation.get_config("pickax")
+    with pytest.raises(ValueError, match="unknown record config variant 'pickax'"):
+        record.get_config("pickax")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ml_collections
 
 MAIN_TASKS = ("place_dirt", "mine_dirt", "build_wall", "craft_planks")  # the main job's atomic tasks
+# imitation.py:pickaxe adds the other subtasks of wooden_pickaxe (a log, sticks, the pickaxe itself)
+PICKAXE_TASKS = MAIN_TASKS + ("mine_log", "craft_sticks", "craft_wooden_pickaxe")
 HELD_OUT_SEED = 1000
 
 

@@ -2,6 +2,8 @@
 
 ``python -m experiments.imitation --config=experiments/configs/imitation.py:tiny`` (the default) or
 ``:qwen7b``; ``--config.init_from=<world-knowledge workdir>`` starts from stage 1's weights, as the paper.
+``:pickaxe`` is the tiny run on seven tasks: the main four and the rest of wooden_pickaxe's subtasks
+(mine_log, craft_sticks, craft_wooden_pickaxe), the policy ``experiments.agent`` plays long horizons with.
 """
 
 from __future__ import annotations
@@ -9,12 +11,17 @@ from __future__ import annotations
 import ml_collections
 
 from experiments.configs.common import base_config
-from experiments.configs.evaluate import eval_fields
+from experiments.configs.evaluate import PICKAXE_TASKS, eval_fields
+
+VARIANTS = ("tiny", "pickaxe", "qwen7b")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variant = arg or "tiny"
-    c = base_config("imitation", variant)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown imitation config variant {variant!r}; choose one of {VARIANTS}")
+    c = base_config("imitation", "tiny" if variant == "pickaxe" else variant)
+    c.variant = variant
     c.data.kind = "demo"
     c.data.generate = "record"  # tiny default: demonstrations recorded from the game by the experts
     c.data.history = 1  # one past frame ...
@@ -25,7 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # After training, the entry point evaluates the run closed loop in the game (EvalSpec's fields).
     c.eval = eval_fields()
     c.eval.enabled = False
-    if variant == "tiny":
+    if variant in ("tiny", "pickaxe"):
         # The main job: 15 demonstrations of each of 4 atomic tasks (the 16th is the held-out split of
         # the offline eval) recorded on 2 games, then 20 held-out episodes per task closed loop.
         c.record.variant = "main"
@@ -48,6 +55,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.data.stride = 1
         c.eval.enabled = True
         c.eval.episodes = 20
+    if variant == "pickaxe":
+        # Seven tasks, with mine_log's 80-step demonstrations: about 3x the main job's samples, so twice its
+        # steps. The evaluation's budget is 3x the longest expert (mine_log, 80 steps); no random agent (0/20
+        # on every main task, and at 240 steps it would double the evaluation's time).
+        c.workdir = "/tmp/histeve_runs/imitation_pickaxe"
+        c.record.variant = "pickaxe"
+        c.num_train_steps = 3000
+        c.eval_every = 1000
+        c.checkpoint_every = 1000
+        c.eval.tasks = PICKAXE_TASKS
+        c.eval.agents = ("policy", "expert")
+        c.eval.max_steps = 240
     if variant == "qwen7b":
         c.data.history = 3
         c.data.stride = 5

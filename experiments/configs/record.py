@@ -42,6 +42,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.episodes = 16
         c.obs_size = (112, 196)  # the main job's frames (imitation.py:tiny's data.image_size)
         c.instances = 2
+    elif arg == "pickaxe":  # imitation.py:pickaxe's: the main four and the rest of wooden_pickaxe's subtasks
+        from experiments.configs.evaluate import PICKAXE_TASKS
+
+        c.tasks = PICKAXE_TASKS
+        c.episodes = 16
+        c.obs_size = (112, 196)
+        c.instances = 2
     elif arg:
-        raise ValueError(f"unknown record config variant {arg!r}; choose '', 'tiny' or 'main'")
+        raise ValueError(f"unknown record config variant {arg!r}; choose '', 'tiny', 'main' or 'pickaxe'")
     return c
