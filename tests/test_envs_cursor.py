@@ -74,3 +74,21 @@ def test_guide_lines_leave_the_slot_under_the_tip_visible():
     assert (out[186:215, 286:300] == 90).all()  # left of the tip: the frame (the arrow goes right and down)
     with pytest.raises(ValueError, match="gap"):
         draw_cursor(frame, (0, 0), lines=7, gap=-1)
+
+
+def test_lines_through_the_previous_pointer_show_only_when_it_moved():
+    """``previous`` draws cyan lines through last step's tip under the current magenta ones: a pointer that
+    moved shows both crosses (the cyan one across the whole frame, gap and all); one that stayed shows exactly
+    the frame it would without ``previous``."""
+    frame = np.full((360, 640, 3), 90, np.uint8)
+    still = draw_cursor(frame, (300, 200), lines=7, gap=14, previous=(300.2, 199.8))
+    assert np.array_equal(still, draw_cursor(frame, (300, 200), lines=7, gap=14))
+    moved = draw_cursor(frame, (300, 200), lines=7, gap=14, previous=(100, 50))
+    cyan = (moved == (0, 255, 255)).all(axis=-1)
+    magenta = (moved == (255, 0, 255)).all(axis=-1)
+    assert cyan[50, :86].all() and cyan[50, 115:290].all()  # the previous row, up to the current column
+    assert cyan[:36, 100].all() and cyan[65:190, 100].all()
+    assert not cyan[36:65, 86:115].any()  # the previous tip's slot is left visible too
+    assert magenta[200, :286].all() and magenta[:186, 300].all()  # the current lines drawn over the cyan ones
+    assert not (cyan & magenta).any() and (moved[220:, 320:] == 90).all()
+    assert np.array_equal(draw_cursor(frame, (300, 200), previous=(100, 50)), draw_cursor(frame, (300, 200)))

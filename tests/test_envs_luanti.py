@@ -142,7 +142,8 @@ def test_the_gui_frame_shows_the_pointer_where_the_cursor_is(env):
     obs, info = env.reset(options={"task": "craft_planks"})
     assert info["cursor"] is None and np.array_equal(obs["image"], env._obs(info)["image"])
     env.step(_act(inventory=1))
-    _steps(env, noop_action(), 4)
+    _, _, _, _, info = _steps(env, noop_action(), 4)
+    x0, y0 = info["cursor"]
     obs, _, _, _, info = env.step(_act(camera=[-3.0, 9.0]))  # over the dark formspec, off the slots
     x, y = info["cursor"]
     raw = env.render()
@@ -162,6 +163,17 @@ def test_the_gui_frame_shows_the_pointer_where_the_cursor_is(env):
     magenta = is_magenta(obs["image"])
     assert env.cursor_lines > 0 and not is_magenta(raw).any()
     assert magenta[round(y * sy)].mean() > 0.8 and magenta[:, round(x * sx)].mean() > 0.8
+    # The pointer moved in this step: cyan lines through where it was (cursor_previous); a step that leaves it
+    # where it is shows none.
+    def is_cyan(img):
+        img = img.astype(int)
+        return (img[..., 0] < 90) & (img[..., 1] > 180) & (img[..., 2] > 180)
+
+    assert env.cursor_previous and not is_cyan(raw).any() and abs(y - y0) * sy > 4 and abs(x - x0) * sx > 4
+    cyan = is_cyan(obs["image"])
+    assert cyan[round(y0 * sy)].mean() > 0.7 and cyan[:, round(x0 * sx)].mean() > 0.7
+    obs, _, _, _, _ = env.step(noop_action())
+    assert not is_cyan(obs["image"]).any() and is_magenta(obs["image"])[round(y * sy)].mean() > 0.8
     env.step(_act(inventory=1))
     _steps(env, noop_action(), 4)
 

@@ -40,8 +40,9 @@ def test_the_main_job_trains_then_evaluates_closed_loop(tmp_path):
 
 
 def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
-    """imitation.py:pickaxe is the main job's run (model, frames, data settings) on the main four tasks and the
-    rest of wooden_pickaxe's subtasks, recorded by record.py:pickaxe at its frame size, each with an expert."""
+    """imitation.py:pickaxe is the main job's run (model, frames, data settings) on the main four tasks and
+    the rest of wooden_pickaxe's subtasks, recorded by record.py:pickaxe at its frame size, each with an
+    expert."""
     from experiments.configs import imitation, record
     from experiments.configs.evaluate import MAIN_TASKS
     from histeve_jax.envs.experts import EXPERT_TASKS

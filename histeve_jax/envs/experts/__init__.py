@@ -94,7 +94,9 @@ def steel_pickaxe_expert(task: Task) -> ChainExpert:
 def expert_for(task: Task) -> Expert:
     """The scripted expert for a shipped atomic task (KeyError for tasks without one)."""
     makers = {
-        "mine_log": lambda t: MineExpert(t, ("default:tree",), "default:tree"),
+        # approach 2: mine_log starts 3 +- 0.35 blocks from its tree, where the default (walk when over 3.1)
+        # walked in some episodes and not in others that look alike; now every one walks up first
+        "mine_log": lambda t: MineExpert(t, ("default:tree",), "default:tree", approach=2.0),
         "mine_dirt": lambda t: MineExpert(t, ("default:dirt_with_grass", "default:dirt"), "default:dirt",
                                           face="top"),
         "mine_stone": lambda t: MineExpert(t, ("default:stone",), "default:cobble", tool_slot=1),

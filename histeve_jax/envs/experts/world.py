@@ -15,10 +15,9 @@ from histeve_jax.envs.experts.core import (
 )
 from histeve_jax.envs.tasks import Task
 
-
 # Top faces (the ground): a node's cost is its distance plus this many blocks per radian of turn from the
 # current view. Nearest-first picked any of the ground nodes around the player by where it stood within its
-# block (the start is randomised by +-0.25), turning up to 90 degrees for a node that the frame does not tell
+# block (the start is randomised by +-0.25), turning up to 150 degrees for a node that the frame does not tell
 # apart from the one ahead: a policy could not tell from the frame when to stop turning and dig.
 TURN_COST = 2.0
 
@@ -28,9 +27,11 @@ class MineExpert(Expert):
     Ground nodes (``face="top"``) are chosen by distance and turn, so the one ahead wins (``TURN_COST``)."""
 
     def __init__(self, task: Task, names: tuple[str, ...], drop: str, goal: int = 1, face: str = "side",
-                 tool_slot: int | None = None, tool: str | None = None):
+                 tool_slot: int | None = None, tool: str | None = None, approach: float = REACH - 1.0):
         super().__init__(task)
         self.names, self.drop, self.goal, self.face, self.tool_slot = names, drop, goal, face, tool_slot
+        # walk up to `approach` blocks of the node when it is more than half a block further
+        self.approach = approach
         self.tool = tool
         self.skip: set[tuple[int, int, int]] = set()  # targets whose digging did not finish (blocked)
 
@@ -75,8 +76,8 @@ class MineExpert(Expert):
                 yield from self.wait(1, "search")
                 continue
             x, _, z = self.info["pos"]
-            if math.hypot(node[0] - x, node[2] - z) > REACH - 0.5:
-                yield from self.walk_to((node[0], node[2]), REACH - 1.0, "approach")
+            if math.hypot(node[0] - x, node[2] - z) > self.approach + 0.5:
+                yield from self.walk_to((node[0], node[2]), self.approach, "approach")
             point = self.face_point(node)
             yield from self.turn_to(point, "aim")
             mined_before = sum(self.info["mine_block"].values())

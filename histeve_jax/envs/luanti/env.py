@@ -9,7 +9,8 @@ formspec. ``cursor`` is the X pointer position while a GUI is open (in play mine
 every frame). The grabbed frame does not show the pointer (the X server draws it apart), so observations
 get an arrow drawn at ``cursor`` (``envs.cursor``, ``cursor_scale`` times the 16 px sprite, over magenta
 guide lines ``cursor_lines`` px wide through its tip across the frame, which stop ``cursor_gap`` px short of
-the tip; ``show_cursor=False`` leaves the frame as grabbed).
+the tip, and with ``cursor_previous`` the same lines in cyan through where the pointer was a step before, so a
+frame shows whether the pointer has just moved; ``show_cursor=False`` leaves the frame as grabbed).
 
 Timing: within a step the keys and buttons change first, then the mouse moves (in play, once the client has
 re-centred the pointer after the last motion, see ``_await_centre``); the frame is grabbed 50 ms after the
@@ -117,6 +118,7 @@ class LuantiEnv(gym.Env):
         cursor_scale: int = 1,
         cursor_lines: int = 7,
         cursor_gap: int = 14,
+        cursor_previous: bool = True,
         gui_sync_s: float = 1.0,
     ):
         if len(obs_size) != 2 or min(obs_size) < 1:
@@ -135,6 +137,8 @@ class LuantiEnv(gym.Env):
         self.cursor_scale = int(cursor_scale)
         self.cursor_lines = int(cursor_lines)  # 7 px at 640x360: 2 px of a 112x196 observation
         self.cursor_gap = int(cursor_gap)  # lines stop 14 px from the tip: the slot under it stays visible
+        self.cursor_previous = bool(cursor_previous)  # cyan lines through last step's pointer (envs.cursor)
+        self._last_cursor: tuple[float, float] | None = None  # the pointer of the last observation
         self.gui_sync_s = float(gui_sync_s)  # 0: return the frame 50 ms after the press, whatever it shows
         self.episode_task = self.task
         self.observation_space = spaces.Dict(
@@ -343,8 +347,9 @@ class LuantiEnv(gym.Env):
 
     def _obs(self, info: dict[str, Any]) -> dict[str, np.ndarray]:
         h, w = self.obs_size
-        img = draw_cursor(self._frame, info["cursor"], self.cursor_scale, self.cursor_lines,
-                          self.cursor_gap) if self.show_cursor else self._frame
+        previous, self._last_cursor = self._last_cursor, info["cursor"]
+        img = draw_cursor(self._frame, info["cursor"], self.cursor_scale, self.cursor_lines, self.cursor_gap,
+                          previous if self.cursor_previous else None) if self.show_cursor else self._frame
         if (h, w) != img.shape[:2]:
             img = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
         return {"image": img}
@@ -437,6 +442,7 @@ class LuantiEnv(gym.Env):
         self._settle_start()
         time.sleep(0.25)  # the rebuilt blocks' meshes before the first frame
         self._residual[:] = 0.0
+        self._last_cursor = None  # no previous pointer in an episode's first observation
         self._steps = 0
         self._succeeded = False
         self._grab()
