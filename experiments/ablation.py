@@ -76,15 +76,21 @@ def train_row(c, workdir: str, name: str, rs_norm: bool, dual_mouse: bool, data:
     return _summary(run)
 
 
+def rl_args(c, workdir: str) -> list[str]:
+    """``experiments.rl``'s flags for the RL row: stage 3 on ``rl_task`` from the full row, in full_rl."""
+    return [f"--config.workdir={os.path.join(workdir, 'full_rl')}",
+            f"--config.start_run={os.path.join(workdir, 'full')}", f"--config.task={c.rl_task}",
+            f"--config.train_minutes={c.rl_minutes}", f"--config.eval.seed={c.eval.seed}",
+            f"--config.eval.episodes={c.eval.episodes}"]
+
+
 def rl_row(c, workdir: str) -> dict:
     """Stage 3 on the GUI task from the full row, then the learner's weights evaluated on every task."""
     run, full = os.path.join(workdir, "full_rl"), os.path.join(workdir, "full")
     learner = os.path.join(run, "learner")
     if _summary(run) is None:
         if not os.path.isdir(os.path.join(learner, "checkpoints")):
-            _run(["experiments.rl", f"--workdir={run}", f"--config.start_run={full}",
-                  f"--config.task={c.rl_task}", f"--config.train_minutes={c.rl_minutes}",
-                  f"--config.eval.seed={c.eval.seed}", f"--config.eval.episodes={c.eval.episodes}"])
+            _run(["experiments.rl", *rl_args(c, workdir)])
         with open(os.path.join(full, "config.json")) as f:
             image_size = tuple(json.load(f)["data"]["image_size"])
         e = c.eval

@@ -28,6 +28,24 @@ def test_row_figures_average_gui_and_world_tasks_apart():
     assert set(got["tasks"]) == set(summary["results"]["policy"])
 
 
+def test_the_rl_row_is_a_command_line_experiments_rl_accepts(tmp_path):
+    """The RL row's flags parse with ``experiments.rl``'s own flags (the row once passed ``--workdir``, a
+    flag that entry point does not have) and land where the row reads its results."""
+    from experiments.ablation import rl_args
+    from experiments.configs.ablation import get_config
+
+    c = get_config()
+    code = ("import sys, json; from absl import flags; import experiments.rl; "
+            "flags.FLAGS(['rl', *sys.argv[1:]]); c = flags.FLAGS.config; print(json.dumps("
+            "[c.workdir, c.start_run, c.task, c.train_minutes, c.eval.seed, c.eval.episodes]))")
+    out = subprocess.run([sys.executable, "-c", code, *rl_args(c, str(tmp_path))], capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = [str(tmp_path / "full_rl"), str(tmp_path / "full"), c.rl_task, c.rl_minutes, c.eval.seed,
+            c.eval.episodes]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == want
+
+
 @pytest.mark.game
 def test_the_ablation_trains_its_rows_on_the_same_data_and_compares_them(tmp_path):
     synthetic.write_demo_dataset(tmp_path / "demos", episodes=4, length=8, seed=0)
