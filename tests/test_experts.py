@@ -90,6 +90,8 @@ def test_expert_succeeds(env, name):
         assert "load_ore" in subtasks and "take_product" in subtasks
     if name == "mine_stone":
         assert info["use_item"] == {"default:pick_wood": 1}  # the tool was used to break the stone
+    if name == "mine_log":  # it walks up to its tree first, from every start (MineExpert(approach=2.0))
+        assert subtasks[:3] == ["approach", "aim", "dig"], subtasks
 
 
 @pytest.mark.game
