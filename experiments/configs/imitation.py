@@ -3,7 +3,7 @@
 ``python -m experiments.imitation --config=experiments/configs/imitation.py:tiny`` (the default) or
 ``:qwen7b``; ``--config.init_from=<world-knowledge workdir>`` starts from stage 1's weights, as the paper.
 ``:pickaxe`` is the tiny run on seven tasks: the main four and the rest of wooden_pickaxe's subtasks
-(mine_log, craft_sticks, craft_wooden_pickaxe), the policy ``experiments.agent`` plays long horizons with.
+(mine_log, craft_sticks, craft_wooden_pickaxe): what a policy needs to make a wooden pickaxe from nothing.
 """
 
 from __future__ import annotations
