@@ -69,7 +69,7 @@ def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
     assert pick.optimizer.total_steps == pick.num_train_steps == 3000
     spec = RunSpec.from_config(pick, "/tmp/unused")
     assert spec.variant == "pickaxe" and spec.data.stride == tiny.data.stride
-    with pytest.raises(ValueError, match="unknown imitation config variant 'pickax'"):
+    with pytest.raises(ValueError, match="unknown config variant 'pickax' for imitation"):
         imitation.get_config("pickax")
     with pytest.raises(ValueError, match="unknown record config variant 'pickax'"):
         record.get_config("pickax")

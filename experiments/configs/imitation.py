@@ -19,7 +19,7 @@ VARIANTS = ("tiny", "pickaxe", "qwen7b")
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     variant = arg or "tiny"
     if variant not in VARIANTS:
-        raise ValueError(f"unknown imitation config variant {variant!r}; choose one of {VARIANTS}")
+        raise ValueError(f"unknown config variant {variant!r} for imitation; choose one of {VARIANTS}")
     c = base_config("imitation", "tiny" if variant == "pickaxe" else variant)
     c.variant = variant
     c.data.kind = "demo"
