@@ -95,6 +95,23 @@ def test_expert_succeeds(env, name):
 
 
 @pytest.mark.game
+def test_craft_subtasks_chain_without_ambiguous_returns(env):
+    """craft_sticks starts from what craft_planks leaves in wooden_pickaxe and leaves exactly what
+    craft_wooden_pickaxe starts from. Its spare planks go back to another slot than the one they were picked
+    from (a click on the source slot looks the same before the grid as after it); the pickaxe's four sticks
+    are picked half a stack at a time (a right click), so nothing goes back at all."""
+    info, subtasks = _run(env, "craft_sticks", seed=7)
+    assert info["success"], subtasks
+    assert "return_default:wood" in subtasks
+    left = [{"item": s["type"], "count": s["quantity"], "slot": i}
+            for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"]
+    assert left == sorted(load_task("craft_wooden_pickaxe").init["inventory"], key=lambda it: it["slot"])
+    info, subtasks = _run(env, "craft_wooden_pickaxe", seed=7)
+    assert info["success"] and not [s for s in subtasks if s.startswith("return_")], subtasks
+    assert info["inventory"] == {"default:stick": 2, "default:pick_wood": 1}
+
+
+@pytest.mark.game
 def test_mine_dirt_digs_the_ground_ahead(env):
     """mine_dirt's expert digs a ground node ahead of the view (TURN_COST), pitching down rather than turning
     to whichever node lies nearest: from randomised starts (yaw +-15) its yaw ends within 30 degrees of where

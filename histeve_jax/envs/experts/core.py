@@ -276,8 +276,9 @@ class Expert:
                 return i
         return None
 
-    def empty_slot(self) -> int:
+    def empty_slot(self, but: int | None = None) -> int:
+        """The first empty inventory slot (other than ``but``)."""
         for i, s in enumerate(self.info["inventory_slots"], start=1):
-            if s["type"] == "air":
+            if s["type"] == "air" and i != but:
                 return i
         raise RuntimeError("no empty inventory slot")

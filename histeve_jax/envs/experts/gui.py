@@ -72,16 +72,21 @@ class CraftExpert(Expert):
                     slot = self.slot_of(item)
                 if slot is None:
                     raise RuntimeError(f"no {item} in the inventory for {self.output}")
-                count = self.info["inventory"].get(item, 0)
+                count = self.info["inventory_slots"][slot - 1]["quantity"]
+                # A right click takes half the stack (rounded up): where that is exactly what the recipe
+                # needs nothing is left on the cursor. Otherwise the whole stack, and the rest goes back to
+                # an empty slot other than the one it came from: back on its own slot, "just clicked the
+                # stack's slot" would look the same before the grid as after it (the held stack is drawn
+                # where the slot's stack was), and the two want different moves next.
+                half = count > len(cells) and (count + 1) // 2 == len(cells)
                 yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
-                yield from self.click("attack", f"pick_{item}")  # the whole stack onto the cursor
+                yield from self.click("use" if half else "attack", f"pick_{item}")
                 for cell in cells:
                     yield from self.cursor_to(CRAFT_XY[cell], f"place_{item}")
                     yield from self.click("use", f"place_{item}")  # one item into the grid
-                if count > len(cells):  # the rest back where it came from; with none left, a click on an
-                    # empty slot with an empty hand would change nothing on screen, and a policy could not
-                    # see whether it had made it yet
-                    yield from self.cursor_to(SLOT_XY[slot], f"return_{item}")
+                if count > len(cells) and not half:  # with none left, a click on an empty slot with an
+                    # empty hand would change nothing on screen: a policy could not see it had made it
+                    yield from self.cursor_to(SLOT_XY[self.empty_slot(but=slot)], f"return_{item}")
                     yield from self.click("attack", f"return_{item}")
             # The server computes the output preview from the grid; clicking before it arrives takes nothing.
             for _ in range(20):
