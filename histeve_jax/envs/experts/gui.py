@@ -73,19 +73,19 @@ class CraftExpert(Expert):
                 if slot is None:
                     raise RuntimeError(f"no {item} in the inventory for {self.output}")
                 count = self.info["inventory_slots"][slot - 1]["quantity"]
-                # A right click takes half the stack (rounded up): where that is exactly what the recipe
-                # needs nothing is left on the cursor. Otherwise the whole stack, and the rest goes back to
-                # an empty slot other than the one it came from: back on its own slot, "just clicked the
-                # stack's slot" would look the same before the grid as after it (the held stack is drawn
-                # where the slot's stack was), and the two want different moves next.
-                half = count > len(cells) and (count + 1) // 2 == len(cells)
                 yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
-                yield from self.click("use" if half else "attack", f"pick_{item}")
+                yield from self.click("attack", f"pick_{item}")  # the whole stack onto the cursor
                 for cell in cells:
                     yield from self.cursor_to(CRAFT_XY[cell], f"place_{item}")
                     yield from self.click("use", f"place_{item}")  # one item into the grid
-                if count > len(cells) and not half:  # with none left, a click on an empty slot with an
-                    # empty hand would change nothing on screen: a policy could not see it had made it
+                if count > len(cells):  # the rest to an empty slot other than its own: back on its own
+                    # slot, "just clicked the stack's slot" would look the same before the grid as after it
+                    # (the held stack is drawn where the slot's stack was) and the two want different moves
+                    # next. (A right click that takes half a stack would leave nothing to return in some
+                    # recipes, but then the same "arrived on the first slot" frame wants a left click in one
+                    # task and a right click in another: that cost the pickaxe run every craft, 0-1 of 20.)
+                    # With none left, a click on an empty slot with an empty hand would change nothing on
+                    # screen: a policy could not see it had made it.
                     yield from self.cursor_to(SLOT_XY[self.empty_slot(but=slot)], f"return_{item}")
                     yield from self.click("attack", f"return_{item}")
             # The server computes the output preview from the grid; clicking before it arrives takes nothing.
