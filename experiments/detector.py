@@ -170,13 +170,60 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
               "test_phases": binary_metrics(*scores["test_phases"], threshold), "queries": counts,
               "parameters": parameter_count(det_config), "pruned_dir": pruned_dir, "run_dir": run_dir,
               "final_loss": history[max(history)].get("loss") if history else None}  # None: resumed done
-    with open(os.path.join(run_dir, "detector_report.json"), "w") as f:
+    # The loop's own threshold: the lowest whose stop rule (two consecutive queries at or over it, a query
+    # every monitor_every steps) ends at most max_early of the validation episodes' replays early (an
+    # early stop hands an unfinished subtask on, a late one only spends budget): what the harness uses.
+    from histeve_jax.detector.monitor import loop_threshold
+
+    report["loop_threshold"] = loop_threshold(loop_curves(cfg, report, splits[1], module), d.consecutive,
+                                              d.max_early)
+    report["max_early"] = d.max_early
+    path = os.path.join(run_dir, "detector_report.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=2)
+    os.replace(path + ".tmp", path)
     # The run describes itself (the export reads it): the pruned directory's config is the backbone's, and
     # runs with and without cross-attention share that directory.
     with open(os.path.join(run_dir, prune.CONFIG_FILE), "w") as f:
         json.dump(prune.config_to_dict(det_config), f, indent=2, default=str)
     return report
+
+
+def loop_curves(cfg: Any, report: dict, split_dir: str,
+                module: Any = None) -> list[tuple[list[int], list[float], int | None]]:
+    """Each episode of ``split_dir`` replayed frame by frame through ``CompletionMonitor`` on its task (a
+    query every ``monitor_every`` steps, never stopping): (query steps, probabilities, the first step whose
+    privileged check holds, None when it never does). ``module``: the trained detector (else the report's
+    run is restored)."""
+    from histeve_jax.data import records as R
+    from histeve_jax.detector.inputs import QueryInputs
+    from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
+    from histeve_jax.detector.predict import load_trained
+    from histeve_jax.detector.prune import read_config
+    from histeve_jax.detector.stage import detector_stage
+
+    policy_config, load_policy, _ = policy_of(cfg)
+    det_config = read_config(report["pruned_dir"])
+    spec = run_spec(cfg, report["run_dir"])
+    if module is None:
+        module = load_trained(spec, detector_stage(spec, det_config, policy_config, load_policy=load_policy))
+    d = cfg.detector
+    opts = MonitorOptions(threshold=2.0, every=d.monitor_every, consecutive=d.consecutive)  # never stops
+    monitor = CompletionMonitor(module, QueryInputs(det_config, policy_config), opts)
+    episodes: dict[str, list] = {}
+    for path in R.shard_paths(split_dir):
+        for r in R.read_shard(path):
+            episodes.setdefault(r.episode_id, []).append(r)
+    out = []
+    for eid in sorted(episodes):
+        recs = episodes[eid]
+        monitor.reset(recs[0].instruction, int(recs[0].is_gui_open))
+        for r in recs:
+            # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
+            monitor.observe(R.decode_frame(r.frame), {"is_gui_open": r.is_gui_open})
+        done = [r.step for r in recs if r.completed == 1]
+        out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], done[0] if done else None))
+    return out
 
 
 def plan(cfg: Any) -> dict:

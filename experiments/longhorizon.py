@@ -3,7 +3,11 @@ final-goal success and diagnostic progress for the expert executors and a traine
 policy given only the final goal).
 
     python -m experiments.longhorizon [--config=experiments/configs/longhorizon.py:tiny]
-        [--config.policy=<workdir>] [--config.planner=rules|endpoint|local]
+        [--config.policy=<workdir> [--config.detector=<detector run>]] [--config.planner=rules|endpoint|local]
+
+With a detector run the policy's invocations end by the trained detector (queried every
+``detector_every`` steps, two consecutive queries at or over its run's loop threshold);
+``--config.completion=privileged`` ends them by the privileged check instead, ``both`` plays a row each.
 
 The last line: ``goal_success_expert=<a> progress_expert=<b> goal_success_policy=<c> progress_policy=<d>``.
 """
@@ -15,28 +19,6 @@ import os
 from absl import app, flags
 
 from experiments.config_cli import define_config
-
-define_config(os.path.join(os.path.dirname(__file__), "configs", "longhorizon.py:tiny"), "Suite config.")
-
-
-def make_planner(c):
-    """The configured planner backend."""
-    from histeve_jax.harness.planners.rules import RulesPlanner
-
-    if c.planner == "rules":
-        return RulesPlanner()
-    if c.planner == "endpoint":
-        from histeve_jax.harness.planners.openai import EndpointPlanner, EndpointSpec
-
-        return EndpointPlanner(EndpointSpec(**dict(c.endpoint)))
-    if c.planner == "local":
-        from histeve_jax.harness.planners.local import LocalModel, LocalPlanner
-
-        if not c.local_model:
-            raise ValueError("planner=local needs --config.local_model=<a Qwen2.5-VL directory>")
-        return LocalPlanner(LocalModel(c.local_model), max_attempts=c.endpoint.max_attempts,
-                            max_tokens=c.endpoint.max_tokens)
-    raise ValueError(f"planner: unknown {c.planner!r}; choose rules, endpoint or local")
 
 
 def _fmt(summary: dict, ex: str, key: str) -> str:
@@ -55,6 +37,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from histeve_jax.harness.controller import HarnessSpec
+    from histeve_jax.harness.planners import make_planner
     from histeve_jax.harness.suite import SuiteSpec, run_suite
 
     c = flags.FLAGS.config
@@ -64,7 +47,9 @@ def main(argv: list[str]) -> None:
                          policy=c.policy, step=None if c.step < 0 else c.step, greedy=c.greedy,
                          temperature=c.temperature, inject=c.inject, max_steps=c.max_steps,
                          policy_max_steps=c.policy_max_steps, obs_size=tuple(c.obs_size), out_dir=c.out_dir,
-                         reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)))
+                         reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)),
+                         detector=c.detector, detector_every=c.detector_every, completion=c.completion,
+                         goal_only=c.goal_only, resume=c.resume)
         planner = make_planner(c)
         summary = run_suite(spec, planner, on_episode=lambda r: print(_row(r), flush=True))
     except (ValueError, FileNotFoundError) as e:  # bad input: one line naming it
@@ -80,4 +65,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_config(os.path.join(os.path.dirname(__file__), "configs", "longhorizon.py:tiny"), "Suite config.")
     app.run(main)

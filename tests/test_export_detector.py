@@ -18,61 +18,20 @@ import torch
 from flax import nnx
 from transformers import AutoModel
 
-from experiments.configs import detector as detector_configs
 from experiments.configs import imitation
 from histeve_jax.detector import prune
 from histeve_jax.detector.config import tiny_config
-from histeve_jax.detector.coupled import CoupledDetector
 from histeve_jax.detector.inputs import QueryInputs
 from histeve_jax.detector.model import Detector
 from histeve_jax.eval.policy_agent import load_run
 from histeve_jax.export.__main__ import main as export_main
-from histeve_jax.train import optimizer as optimizer_lib
 from histeve_jax.train import setup
-from histeve_jax.train.checkpoint import Checkpointer
 from histeve_jax.train.specs import RunSpec
-from histeve_jax.train.state import state_from_model
+from tests.run_helpers import detector_run as _detector_run
+from tests.run_helpers import filled as _filled
+from tests.run_helpers import save_run as _save_run
 
-POLICY_STEP, DETECTOR_STEP, THRESHOLD = 2, 3, 0.375
-
-
-def _save_run(spec, model, step):
-    """A run's workdir as the train loop leaves it: its config.json and one checkpoint of the train state."""
-    os.makedirs(spec.workdir, exist_ok=True)
-    with open(os.path.join(spec.workdir, "config.json"), "w") as f:
-        f.write(spec.config_json())
-    tx, _ = optimizer_lib.make_optimizer(spec.optimizer)
-    state = state_from_model(model, tx).replace(step=jnp.asarray(step, jnp.int32))
-    with Checkpointer(os.path.join(spec.workdir, "checkpoints"), async_save=False) as ck:
-        ck.save(step, state, config=spec.config, force=True)
-
-
-def _filled(make, seed):
-    """The module ``make`` builds, its parameters drawn here (no eager random init: seconds per module on
-    CPU): norm scales 1 + noise, so every mapped tensor changes the output, matrices N(0, 0.05^2), biases,
-    the head's and the cross-attention's zero-init output projection included, noise."""
-    module = nnx.eval_shape(make)
-    rng = np.random.default_rng(seed)
-    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
-        a = rng.standard_normal(var.shape)
-        a = 1 + 0.3 * a if path[-1] == "scale" else 0.05 * a
-        var.set_value(jnp.asarray(a, var.dtype))
-    return module
-
-
-def _detector_run(root, name, policy, det_config, seed):
-    """A detector run (``experiments.detector``'s layout: <root>/<name>/pruned_x2 and run_x2 with its report)
-    beside ``policy``; returns (its run dir, the JAX coupled detector it holds)."""
-    detector = _filled(lambda: Detector(det_config, rngs=nnx.Rngs(0)), seed)
-    prune.save_detector(detector, str(root / name / "pruned_x2"))
-    train = detector_configs.get_config("tiny").train
-    spec = RunSpec.from_config(train, str(root / name / "run_x2"))
-    coupled = CoupledDetector(policy, detector)
-    _save_run(spec, coupled, DETECTOR_STEP)
-    # The report's pruned_dir as a relative --workdir leaves it: found as the run's sibling.
-    with open(os.path.join(spec.workdir, "detector_report.json"), "w") as f:
-        json.dump({"pruned_dir": f"elsewhere/{name}/pruned_x2", "threshold": THRESHOLD}, f)
-    return spec.workdir, coupled
+POLICY_STEP, DETECTOR_STEP, THRESHOLD = 2, 3, 0.375  # tests.run_helpers.detector_run's defaults
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,9 @@ class ChatServer:
                 time.sleep(delay)
                 payload = ({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
                             "choices": [{"index": 0, "finish_reason": finish,
-                                         "message": {"role": "assistant", "content": content}}]}
+                                         "message": {"role": "assistant", "content": content}}],
+                            "usage": {"prompt_tokens": 100 + len(outer.requests),
+                                      "completion_tokens": len(content), "total_tokens": 0}}
                            if status == 200 else {"error": {"message": content, "type": "server_error"}})
                 data = json.dumps(payload).encode()
                 try:
@@ -108,6 +110,9 @@ def test_malformed_replies_are_retried_with_the_error_and_never_executed():
     try:
         r = _planner(server, max_attempts=4).plan(_ctx())
         assert r.subtask.label == "mine_log(count=2)" and r.attempts == 4 and r.replies[:3] == bad
+        # The server's usage of every attempt, summed into the result (and the report's planner event).
+        assert (r.prompt_tokens, r.completion_tokens) == (101 + 102 + 103 + 104, sum(map(len, bad + [GOOD])))
+        assert r.event()["prompt_tokens"] == r.prompt_tokens
         req = server.requests
         fmt = req[0]["response_format"]  # a strict JSON schema over the admissible subtasks
         names = [c["properties"]["name"]["enum"][0]

@@ -21,7 +21,6 @@ fnr=<n> f1_no_xattn=<g>``.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -69,41 +68,6 @@ def vlm_scores(cfg: Any, test_dir: str, det_config: Any, policy_config: Any) -> 
     return binary_metrics(np.asarray(probs), np.asarray(labels), 0.5)
 
 
-def loop_curves(cfg: Any, report: dict, split_dir: str) -> list[tuple[list[int], list[float], int | None]]:
-    """Each episode of ``split_dir`` replayed frame by frame through ``CompletionMonitor`` on its task (a
-    query every ``monitor_every`` steps, never stopping): (query steps, probabilities, the first step whose
-    privileged check holds, None when it never does)."""
-    from experiments.detector import policy_of, run_spec
-    from histeve_jax.data import records as R
-    from histeve_jax.detector.inputs import QueryInputs
-    from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
-    from histeve_jax.detector.predict import load_trained
-    from histeve_jax.detector.prune import read_config
-    from histeve_jax.detector.stage import detector_stage
-
-    policy_config, load_policy, _ = policy_of(cfg)
-    det_config = read_config(report["pruned_dir"])
-    spec = run_spec(cfg, report["run_dir"])
-    module = load_trained(spec, detector_stage(spec, det_config, policy_config, load_policy=load_policy))
-    d = cfg.detector
-    opts = MonitorOptions(threshold=2.0, every=d.monitor_every, consecutive=d.consecutive)  # never stops
-    monitor = CompletionMonitor(module, QueryInputs(det_config, policy_config), opts)
-    episodes: dict[str, list] = {}
-    for path in R.shard_paths(split_dir):
-        for r in R.read_shard(path):
-            episodes.setdefault(r.episode_id, []).append(r)
-    out = []
-    for eid in sorted(episodes):
-        recs = episodes[eid]
-        monitor.reset(recs[0].instruction, int(recs[0].is_gui_open))
-        for r in recs:
-            # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
-            monitor.observe(R.decode_frame(r.frame), {"is_gui_open": r.is_gui_open})
-        done = [r.step for r in recs if r.completed == 1]
-        out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], done[0] if done else None))
-    return out
-
-
 def _loop_line(name: str, threshold: float, m: dict) -> str:
     n, d = max(m["episodes"], 1), m["delays"]
     late = f"median {sorted(d)[len(d) // 2]} steps after the check holds" if d else "no stop after it holds"
@@ -115,7 +79,7 @@ def _loop_line(name: str, threshold: float, m: dict) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from experiments.detector import param_line, policy_of, run, template_of
+    from experiments.detector import loop_curves, param_line, policy_of, run, template_of
     from histeve_jax.detector.config import qwen3b_config
     from histeve_jax.detector.model import parameter_count
 
@@ -137,18 +101,11 @@ def main(argv: list[str]) -> None:
     vlm = vlm_scores(cfg, test_dir, det, policy_config)
     if vlm is not None:
         print(_row("prompted VLM", vlm))
-    from histeve_jax.detector.monitor import loop_stops, loop_threshold
+    from histeve_jax.detector.monitor import loop_stops
 
     consecutive = cfg.detector.consecutive
-    val_curves = loop_curves(cfg, full, os.path.join(workdir, "data", "val"))
     test_curves = loop_curves(cfg, full, test_dir)
-    at_loop = loop_threshold(val_curves, consecutive, cfg.detector.max_early)
-    report_path = os.path.join(full["run_dir"], "detector_report.json")  # the loop's threshold, for the loop
-    with open(report_path) as f:
-        saved = json.load(f)
-    with open(report_path + ".tmp", "w") as f:
-        json.dump({**saved, "loop_threshold": at_loop, "max_early": cfg.detector.max_early}, f, indent=2)
-    os.replace(report_path + ".tmp", report_path)
+    at_loop = full["loop_threshold"]  # experiments.detector.run calibrated it on the validation replays
     print(f"in the loop (held-out test episodes replayed, a query every {cfg.detector.monitor_every} steps, "
           f"{consecutive} consecutive over threshold; goal: <= 5% end early):")
     print(_loop_line("at the F1 threshold", full["threshold"], loop_stops(test_curves, full["threshold"],

@@ -1,7 +1,7 @@
 """The long-horizon suite: the harness on long-horizon Luanti tasks with injected failures.
 
     python -m experiments.longhorizon [--config=experiments/configs/longhorizon.py:tiny]
-        [--config.policy=<workdir>] [--config.planner=rules|endpoint|local]
+        [--config.policy=<workdir> [--config.detector=<detector run>]] [--config.planner=rules|endpoint|local]
 
 Fields are ``histeve_jax.harness.suite.SuiteSpec``'s plus the planner's. Seeds start at 1000 (held out from
 the recorder's training seeds), fixed before any result was looked at.
@@ -28,7 +28,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.inject = True
     c.max_steps = 0  # 0: the task's budget for experts, policy_max_steps for the policy
     c.policy_max_steps = 2000
-    c.obs_size = (56, 56)
+    c.obs_size = ()  # (H, W); (): the policy run's image size (56x56 for the experts alone)
+    c.detector = ""  # a detector run trained beside the policy: its invocations end by the detector
+    c.detector_every = 2  # query the detector every k steps
+    c.completion = "auto"  # auto (detector if given) | detector | privileged | both (a row each)
+    c.goal_only = True  # also the policy given only the final goal
+    c.resume = False  # read back the episodes out_dir already holds
     c.out_dir = "/tmp/histeve_runs/longhorizon"
     c.reports = 1
     c.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})

@@ -95,6 +95,17 @@ def load_detector_run(workdir: str, policy: Any, *, policy_run: str, policy_step
                       step: int | None = None) -> DetectorRun:
     """The detector of ``workdir`` at its latest checkpoint (or ``step``), checked against ``policy`` (the
     ``Policy`` being exported, from ``policy_run`` at ``policy_step``, frames ``policy_stride`` apart)."""
+    coupled, step, report = load_coupled_run(workdir, policy, policy_run=policy_run, policy_step=policy_step,
+                                             policy_stride=policy_stride, step=step)
+    threshold = report.get("threshold")
+    return DetectorRun(workdir, int(step), coupled.detector, None if threshold is None else float(threshold))
+
+
+def load_coupled_run(workdir: str, policy: Any, *, policy_run: str, policy_step: int, policy_stride: int,
+                     step: int | None = None) -> tuple[Any, int, dict[str, Any]]:
+    """(the ``CoupledDetector`` of ``workdir`` at its latest checkpoint or ``step``, that step, the run's
+    ``detector_report.json``), checked against ``policy`` as ``load_detector_run`` says: what the harness
+    queries in the loop (``harness.completion.DetectorCompletion``)."""
     from histeve_jax.detector.predict import load_trained
     from histeve_jax.detector.stage import detector_stage
     from histeve_jax.train.checkpoint import Checkpointer
@@ -125,8 +136,7 @@ def load_detector_run(workdir: str, policy: Any, *, policy_run: str, policy_step
         raise ValueError(f"{both}: its checkpoint does not restore beside that policy's config "
                          f"({str(e).splitlines()[0][:300]})") from e
     _check_same_policy(coupled.policy, policy, both)
-    threshold = _report(workdir).get("threshold")
-    return DetectorRun(workdir, int(step), coupled.detector, None if threshold is None else float(threshold))
+    return coupled, int(step), _report(workdir)
 
 
 def _check_same_policy(frozen: nnx.Module, policy: nnx.Module, both: str) -> None:

@@ -1,17 +1,21 @@
 """The controller: plan a subtask, hand it to the executor in a bounded invocation, verify, then advance,
 recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any agent.
 
-Handoff: an invocation runs until the completion signal fires (probability over ``threshold`` on
-``consecutive`` queries, the paper's detector rule), the subtask's step budget is spent, the executor stops
-or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is a hook
-(``CompletionSignal``): until the detector (``histeve_jax.detector``) lands, ``PrivilegedCompletion``
-reports the subtask's privileged completion check as probability 0 or 1. After each invocation the harness
-verifies (``verify.verify``), writes the episodic entry, learns procedural dependencies from a success,
-refreshes world and working memory, and decides (``verify.decide``).
+Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
+``consecutive`` queries in a row, the paper's detector rule), the subtask's step budget is spent, the
+executor stops or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is
+a hook (``CompletionSignal``): ``harness.completion.DetectorCompletion`` is the trained detector coupled to
+the policy (queried every k steps on the subtask's instruction, at its run's loop threshold);
+``PrivilegedCompletion`` reports the subtask's privileged completion check as probability 0 or 1 at every
+step (the ablation's upper bound, and what the scripted experts run with). After each invocation the
+harness verifies (``verify.verify``: privileged, whatever ended it), writes the episodic entry, learns
+procedural dependencies from a success, refreshes world and working memory, and decides
+(``verify.decide``).
 
-Everything the harness did is kept for the report: ``events`` (planner calls, verifications, memory
-snapshots, each at its step) and ``series["completion"]`` (the completion signal at every step). A planner
-that fails ``max_planner_failures`` times in a row ends the episode as a failure, with its record.
+Everything the harness did is kept for the report: ``events`` (planner calls, the completion signal's
+stops, verifications, memory snapshots, each at its step) and ``series["completion"]`` (the completion
+signal's probability at each step it was queried, None between queries). A planner that fails
+``max_planner_failures`` times in a row ends the episode as a failure, with its record.
 """
 
 from __future__ import annotations
@@ -32,15 +36,23 @@ from histeve_jax.harness.verify import VISUAL_JUMP, ChangeMonitor, decide, verif
 
 
 class CompletionSignal(Protocol):
-    """The completion detector's interface: a probability that the current instruction is done."""
+    """The completion detector's interface: at the start of an invocation ``reset`` (with its first frame);
+    then, on each later frame, the probability that the subtask is done, or None on a step it is not
+    queried. The harness ends the invocation once ``consecutive`` queries in a row are >= ``threshold``."""
+
+    name: str
+    threshold: float
 
     def reset(self, subtask: Subtask, obs: dict, info: dict) -> None: ...
 
-    def probability(self, obs: dict, info: dict) -> float: ...
+    def probability(self, obs: dict, info: dict) -> float | None: ...
 
 
 class PrivilegedCompletion:
-    """The stand-in detector: the subtask's completion check on the privileged info, as 0 or 1."""
+    """The subtask's completion check on the privileged info, as 0 or 1 at every step."""
+
+    name = "privileged"
+    threshold = 0.5
 
     def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
         self.subtask = subtask
@@ -56,8 +68,7 @@ class HarnessSpec:
     max_recoveries: int = 2  # local retries of one subtask before replanning
     max_planner_failures: int = 3  # consecutive planning steps without an executable subtask
     max_invocations: int = 60
-    threshold: float = 0.5  # completion probability
-    consecutive: int = 2  # queries over threshold before control returns (the paper's rule)
+    consecutive: int = 2  # queries at or over the signal's threshold that return control (the paper's rule)
     recent_frames: int = 4  # O_j: frames the planner sees
     visual_jump: float = VISUAL_JUMP
 
@@ -71,7 +82,7 @@ class HarnessAgent:
         self.planner, self.executor, self.schemas, self.spec = planner, executor, dict(schemas), spec
         self.procedural = procedural if procedural is not None else ProceduralMemory()
         self.completion = completion or PrivilegedCompletion()
-        self.name = f"harness[{planner.name}+{executor.name}]"
+        self.name = f"harness[{planner.name}+{executor.name}+{self.completion.name}]"
 
     # ------------------------------------------------------------------------------------------ episode
 
@@ -87,7 +98,9 @@ class HarnessAgent:
         self.planner_failures = 0
         self.invocations = 0
         self.counts = {"planner_calls": 0, "planner_retries": 0, "planner_failures": 0, "recoveries": 0,
-                       "replans": 0, "advances": 0}
+                       "replans": 0, "advances": 0, "early_handoffs": 0}
+        self.planner_cost = {"seconds": 0.0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.handoff_delays: list[int] = []  # steps from the check holding to the signal's stop
         self.memory.world.observe(info, 0)
         self._observe(info)
 
@@ -120,6 +133,9 @@ class HarnessAgent:
             retrieved=self.memory.retrieve(admissible, info), schemas=self.schemas)
         result = self.planner.plan(ctx)
         self.counts["planner_calls"] += 1
+        self.planner_cost["seconds"] += result.seconds
+        self.planner_cost["prompt_tokens"] += result.prompt_tokens
+        self.planner_cost["completion_tokens"] += result.completion_tokens
         self.counts["planner_retries"] += max(0, result.attempts - 1)
         chosen = result.subtask.label if result.subtask else "no subtask"
         self._event("planner", f"{result.planner}: {chosen}",
@@ -142,6 +158,7 @@ class HarnessAgent:
         self.current = subtask
         self.memory.working.current = subtask.label
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
+        self.done_at: int | None = 0 if subtask.is_complete(info) else None  # inv step its check first held
         self.last_action = None
         self.before = self.memory.working.snapshot()
         self.monitor = ChangeMonitor(self.spec.visual_jump)
@@ -153,6 +170,15 @@ class HarnessAgent:
 
     def _end(self, obs: dict, info: dict, ended_by: str, error: str = "") -> None:
         sub = self.current
+        if ended_by == "detector":  # early: the check does not hold; late: it held steps before the stop
+            if self.done_at is None or not sub.is_complete(info):
+                self.counts["early_handoffs"] += 1
+            else:
+                self.handoff_delays.append(self.inv_steps - self.done_at)
+            self._event("completion", f"{self.completion.name} stops {sub.label}", {
+                "step": self.t, "threshold": self.completion.threshold, "consecutive": self.spec.consecutive,
+                "check_held_since": None if self.done_at is None else self.inv_start + self.done_at,
+                "check_holds": bool(sub.is_complete(info))})
         verdict = verify(sub, self.inv_info, info, ended_by=ended_by, monitor=self.monitor, error=error)
         decision = decide(verdict, self.recoveries, self.spec.max_recoveries)
         self.memory.world.observe(info, self.t, label=sub.label)
@@ -178,9 +204,12 @@ class HarnessAgent:
 
     def _ended(self, obs: dict, info: dict) -> str:
         """Why the current invocation should end before this step ("" to go on)."""
-        p = float(self.completion.probability(obs, info))
-        self.series["completion"].append(p)
-        self.over = self.over + 1 if p > self.spec.threshold else 0
+        if self.done_at is None and self.current.is_complete(info):
+            self.done_at = self.inv_steps
+        p = self.completion.probability(obs, info)
+        self.series["completion"].append(None if p is None else float(p))
+        if p is not None:
+            self.over = self.over + 1 if p >= self.completion.threshold else 0
         if self.over >= self.spec.consecutive:
             return "detector"
         if self.monitor.push(obs["image"], info, self.last_action):
@@ -219,5 +248,12 @@ class HarnessAgent:
         raise RuntimeError("the harness ended and restarted invocations without acting")
 
     def summary(self) -> dict[str, Any]:
-        """Counts of planner calls, retries, failures, recoveries, replans, advances."""
-        return dict(self.counts, invocations=self.invocations)
+        """Counts of planner calls (their seconds and tokens), retries, failures, recoveries, replans,
+        advances, invocations, and the completion signal's handoffs: ``early_handoffs`` (it ended an
+        invocation whose check did not hold) and ``handoff_delay`` (the mean steps from the check first
+        holding to the signal's stop, over the rest)."""
+        d, cost = self.handoff_delays, self.planner_cost
+        return dict(self.counts, invocations=self.invocations,
+                    handoff_delay=round(float(np.mean(d)), 2) if d else 0.0,
+                    planner_seconds=round(cost["seconds"], 3), planner_prompt_tokens=cost["prompt_tokens"],
+                    planner_completion_tokens=cost["completion_tokens"])

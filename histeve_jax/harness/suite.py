@@ -7,11 +7,17 @@ verified; 1 on success).
 the harness's counts, the memory JSON, the events, the injections that fired), an HTML report (with the
 planner calls, verifications and memory snapshots as events and the completion signal as a series) for
 the first ``reports`` episodes of each task and executor, the procedural memory shared across episodes
-(``procedural.json``) and ``summary.json``. An episode whose game failed is retried once on a fresh game.
+(``procedural.json``) and ``summary.json`` (per row, and per row and task: goal success with its Wilson
+interval, progress, and the harness's means: invocations, replans, early handoffs, handoff delay, planner
+seconds and tokens). An episode whose game failed is retried once on the same seed on a fresh game, the
+procedural memory it wrote discarded. The policy's invocations end by the trained detector when
+``detector`` names a run (``harness.completion``), by the privileged check otherwise, or both as two rows
+(``completion``); ``resume`` reads back the episodes an earlier run of the same ``out_dir`` finished.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -23,7 +29,7 @@ import numpy as np
 
 from histeve_jax.envs.tasks import load_task
 from histeve_jax.eval.rollout import EpisodeResult, run_episode
-from histeve_jax.harness.controller import HarnessAgent, HarnessSpec
+from histeve_jax.harness.controller import HarnessAgent, HarnessSpec, PrivilegedCompletion
 from histeve_jax.harness.inject import FailureInjector, standard_injections
 from histeve_jax.harness.memory import ProceduralMemory
 from histeve_jax.harness.schemas import load_schemas
@@ -46,11 +52,27 @@ class SuiteSpec:
     inject: bool = True
     max_steps: int = 0  # per episode; 0: the task's budget
     policy_max_steps: int = 2000
-    obs_size: tuple[int, int] = (56, 56)
+    obs_size: tuple[int, ...] = ()  # (H, W) of the frames; (): the policy run's image size, else 56x56
     out_dir: str = "/tmp/histeve_runs/longhorizon"
     reports: int = 1
     env: dict[str, Any] = dataclasses.field(default_factory=dict)
     harness: HarnessSpec = HarnessSpec()
+    # How the policy's invocations end (``harness.completion``): "auto" (the detector when one is given, else
+    # the privileged check), "detector", "privileged", or "both" (a row each: "policy" with the detector,
+    # "policy_privileged" with the check). The experts' invocations end on the privileged check.
+    detector: str = ""  # a detector run trained beside ``policy`` (experiments.detector's run_x<n>)
+    detector_every: int = 2  # query the detector every k steps
+    completion: str = "auto"
+    goal_only: bool = True  # also the policy given only the final goal ("policy_goal_only")
+    resume: bool = False  # an episode whose JSON is already under out_dir is read back, not played again
+
+
+COMPLETIONS = ("auto", "detector", "privileged", "both")
+
+
+def policy_completion(spec: SuiteSpec) -> str:
+    """The policy rows' completion signal, "auto" resolved."""
+    return ("detector" if spec.detector else "privileged") if spec.completion == "auto" else spec.completion
 
 
 def check(spec: SuiteSpec) -> None:
@@ -65,6 +87,17 @@ def check(spec: SuiteSpec) -> None:
         raise ValueError("the policy executor needs policy=<a run's workdir>")
     if spec.episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {spec.episodes}")
+    if spec.completion not in COMPLETIONS:
+        raise ValueError(f"completion: unknown {spec.completion!r}; choose one of {COMPLETIONS}")
+    if policy_completion(spec) in ("detector", "both"):
+        if "policy" not in spec.executors:
+            raise ValueError("a detector reads the policy: it needs the policy executor")
+        if not spec.detector:
+            raise ValueError(f"completion={spec.completion!r} needs detector=<a detector run>")
+        if not os.path.isdir(spec.detector):
+            raise FileNotFoundError(f"detector={spec.detector}: no such directory")
+    if spec.detector_every < 1:
+        raise ValueError(f"detector_every must be >= 1, got {spec.detector_every}")
 
 
 def _episode_json(res: EpisodeResult, agent: Any, fired: list) -> dict[str, Any]:
@@ -75,14 +108,29 @@ def _episode_json(res: EpisodeResult, agent: Any, fired: list) -> dict[str, Any]
     return out
 
 
-def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
-         inject: bool) -> EpisodeResult:
-    env.set_injections(standard_injections(task, seed) if inject else [])
-    res = run_episode(env, task, seed, agent, max_steps=max_steps)
-    if res.interrupted:  # the game failed: once more on a fresh game (the next reset restarts it)
-        log.warning("%s seed %d interrupted (%s); retrying", task.name, seed, res.error)
+def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int, inject: bool,
+         procedural: ProceduralMemory | None = None) -> EpisodeResult:
+    """One episode; a game that failed mid-episode is retried once on the same seed (a fresh game), and
+    what the interrupted attempt wrote into the shared procedural memory is discarded, not merged."""
+    kept = copy.deepcopy(procedural.entries) if procedural is not None else None
+    for attempt in range(2):
+        env.set_injections(standard_injections(task, seed) if inject else [])
         res = run_episode(env, task, seed, agent, max_steps=max_steps)
+        if not res.interrupted:
+            break
+        if procedural is not None:
+            procedural.entries = copy.deepcopy(kept)
+        if attempt == 0:  # the next reset restarts the game
+            log.warning("%s seed %d interrupted (%s); retrying", task.name, seed, res.error)
     return res
+
+
+def _summary_row(row: dict[str, Any], label: str, task: str, seed: int) -> dict[str, Any]:
+    """An episode's row of the summary, from its episode JSON."""
+    return {"executor": label, "task": task, "seed": seed, "success": bool(row["success"]),
+            "progress": float(row["progress"]), "steps": int(row["steps"]),
+            "seconds": round(float(row["seconds"]), 1), "interrupted": bool(row["interrupted"]),
+            "error": row["error"], **(row.get("harness") or {})}
 
 
 def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any]], None] | None = None
@@ -102,18 +150,29 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
         from histeve_jax.harness.executors import ExpertExecutor
 
         executors["expert"] = ExpertExecutor()
+    detector, obs_size = None, tuple(spec.obs_size) or (56, 56)
     if "policy" in spec.executors:
         from histeve_jax.eval.policy_agent import load_run
         from histeve_jax.harness.executors import PolicyExecutor
 
-        executors["policy"] = PolicyExecutor(load_run(spec.policy, spec.step), greedy=spec.greedy,
-                                             temperature=spec.temperature)
-    env = FailureInjector(make("luanti", obs_size=tuple(spec.obs_size), **spec.env), [])
+        loaded = load_run(spec.policy, spec.step)
+        executors["policy"] = PolicyExecutor(loaded, greedy=spec.greedy, temperature=spec.temperature)
+        obs_size = tuple(spec.obs_size) or tuple(loaded.config.image_size)
+        if policy_completion(spec) in ("detector", "both"):
+            from histeve_jax.harness.completion import load_detector_completion
+
+            detector = load_detector_completion(spec.detector, loaded, spec.policy, every=spec.detector_every)
+    env = FailureInjector(make("luanti", obs_size=obs_size, **spec.env), [])
     rows: list[dict[str, Any]] = []
     try:
         for ex_name, executor in executors.items():
-            runs = [(ex_name, HarnessAgent(planner, executor, schemas, spec.harness, procedural))]
-            if ex_name == "policy":
+            runs = [(ex_name, HarnessAgent(planner, executor, schemas, spec.harness, procedural,
+                                           completion=detector if ex_name == "policy" else None))]
+            if ex_name == "policy" and policy_completion(spec) == "both":
+                privileged = HarnessAgent(planner, executor, schemas, spec.harness, procedural,
+                                          completion=PrivilegedCompletion())
+                runs.append(("policy_privileged", privileged))
+            if ex_name == "policy" and spec.goal_only:
                 from histeve_jax.harness.executors import GoalOnlyAgent
 
                 runs.append(("policy_goal_only", GoalOnlyAgent(executor)))
@@ -122,13 +181,22 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                 budget = spec.max_steps or (task.max_steps if ex_name == "expert" else spec.policy_max_steps)
                 for i in range(spec.episodes):
                     for label, agent in runs:
-                        res = _run(env, task, spec.seed + i, agent, budget, spec.inject)
+                        d = os.path.join(spec.out_dir, "episodes", label)
+                        path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
+                        if spec.resume and os.path.exists(path):  # played by an earlier run: read back
+                            with open(path) as f:
+                                row = json.load(f)
+                            rows.append(_summary_row(row, label, task_name, spec.seed + i))
+                            if on_episode is not None:
+                                on_episode(rows[-1])
+                            continue
+                        res = _run(env, task, spec.seed + i, agent, budget, spec.inject, procedural)
                         row = _episode_json(res, agent, env.fired)
                         row["executor"] = label
-                        d = os.path.join(spec.out_dir, "episodes", label)
                         os.makedirs(d, exist_ok=True)
-                        with open(os.path.join(d, f"{task_name}-{spec.seed + i}.json"), "w") as f:
+                        with open(path + ".tmp", "w") as f:
                             json.dump(row, f, indent=1, default=str)
+                        os.replace(path + ".tmp", path)
                         if i < spec.reports and res.records:
                             is_h = isinstance(agent, HarnessAgent)
                             write_report(res.records, os.path.join(spec.out_dir, "reports", label,
@@ -137,30 +205,43 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                                          summary={"success": res.success, "progress": res.progress,
                                                   "steps": res.steps, **(agent.summary() if is_h else {})},
                                          series=agent.series if is_h else None,
-                                         thresholds={"completion": spec.harness.threshold} if is_h else None,
+                                         thresholds={"completion": agent.completion.threshold}
+                                         if is_h else None,
                                          events=agent.events if is_h else ())
-                        rows.append({"executor": label, "task": task_name, "seed": spec.seed + i,
-                                     "success": res.success, "progress": res.progress, "steps": res.steps,
-                                     "seconds": round(res.seconds, 1), "interrupted": res.interrupted,
-                                     "error": res.error, **(row.get("harness") or {})})
+                        rows.append(_summary_row(row, label, task_name, spec.seed + i))
                         if on_episode is not None:
                             on_episode(rows[-1])
                 procedural.save(proc_path)
     finally:
         env.close()
-    summary = {"rows": rows, "by_executor": summarize(rows), "out_dir": spec.out_dir}
+    summary = {"rows": rows, "by_executor": summarize(rows), "by_task": summarize(rows, ("executor", "task")),
+               "out_dir": spec.out_dir}
     with open(os.path.join(spec.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per executor: goal success and mean progress over the episodes that were not interrupted."""
-    out = {}
-    for ex in sorted({r["executor"] for r in rows}):
-        ok = [r for r in rows if r["executor"] == ex and not r["interrupted"]]
-        cut = sum(r["executor"] == ex and r["interrupted"] for r in rows)
-        out[ex] = {"episodes": len(ok), "interrupted": cut,
-                   "goal_success": float(np.mean([r["success"] for r in ok])) if ok else float("nan"),
-                   "progress": float(np.mean([r["progress"] for r in ok])) if ok else float("nan")}
+MEANS = ("invocations", "replans", "recoveries", "early_handoffs", "handoff_delay", "planner_calls",
+         "planner_seconds", "planner_prompt_tokens", "planner_completion_tokens")
+
+
+def summarize(rows: Sequence[dict[str, Any]], by: Sequence[str] = ("executor",)) -> dict[str, dict[str, Any]]:
+    """Per executor (or per ``by`` fields, joined with "/"), over the episodes that were not interrupted:
+    goal success with its Wilson interval, mean progress, and the harness's per-episode means (``MEANS``)."""
+    from histeve_jax.eval.evaluate import wilson_interval
+
+    out: dict[str, dict[str, Any]] = {}
+    key = lambda r: "/".join(str(r[b]) for b in by)
+    for k in sorted({key(r) for r in rows}):
+        mine = [r for r in rows if key(r) == k]
+        ok = [r for r in mine if not r["interrupted"]]
+        wins = sum(bool(r["success"]) for r in ok)
+        lo, hi = wilson_interval(wins, len(ok)) if ok else (float("nan"), float("nan"))
+        out[k] = {"episodes": len(ok), "interrupted": len(mine) - len(ok), "successes": wins,
+                  "goal_success": wins / len(ok) if ok else float("nan"), "wilson": [lo, hi],
+                  "progress": float(np.mean([r["progress"] for r in ok])) if ok else float("nan")}
+        for m in MEANS:
+            vals = [r[m] for r in ok if m in r]
+            if vals:
+                out[k][m] = float(np.mean(vals))
     return out

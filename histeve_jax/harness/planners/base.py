@@ -52,12 +52,30 @@ class PlanResult:
     replies: list[str]  # raw reply texts, for the report
     seconds: float
     planner: str
+    prompt_tokens: int = 0  # summed over the attempts (0: a backend that does not count them, the rules)
+    completion_tokens: int = 0
 
     def event(self) -> dict[str, Any]:
         """The report/JSON form."""
         return {"planner": self.planner, "subtask": self.subtask.label if self.subtask else None,
                 "attempts": self.attempts, "error": self.error, "replies": self.replies,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3), "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens}
+
+
+class TokenCount:
+    """Prompt and completion tokens of a planner's replies, summed over one ``plan`` call."""
+
+    def __init__(self) -> None:
+        self.prompt = self.completion = 0
+
+    def add(self, prompt: int | None, completion: int | None) -> None:
+        self.prompt += int(prompt or 0)
+        self.completion += int(completion or 0)
+
+    def into(self, result: PlanResult) -> PlanResult:
+        result.prompt_tokens, result.completion_tokens = self.prompt, self.completion
+        return result
 
 
 class Planner(Protocol):

@@ -25,6 +25,7 @@ from histeve_jax.harness.planners.base import (
     PlannerUnavailable,
     PlanningContext,
     PlanResult,
+    TokenCount,
     plan_with_retries,
 )
 
@@ -171,6 +172,7 @@ class LocalPlanner:
         self.temperature, self.max_frames = temperature, max_frames
         self.name = f"local:{model.name}"
         self._calls = 0
+        self.tokens = TokenCount()
 
     def complete(self, messages: list[dict[str, Any]], response_format: dict[str, Any]) -> tuple[str, str]:
         self._calls += 1
@@ -179,8 +181,11 @@ class LocalPlanner:
                                   max_tokens=self.max_tokens, temperature=self.temperature, seed=self._calls)
         except ValueError as e:
             raise PlannerUnavailable(f"local planner {self.model.name} failed: {e}") from None
+        self.tokens.add(out.prompt_tokens, out.completion_tokens)
         return out.text, out.finish_reason
 
     def plan(self, ctx: PlanningContext) -> PlanResult:
-        return plan_with_retries(self.complete, ctx, name=self.name, max_attempts=self.max_attempts,
-                                 max_tokens=self.max_tokens, max_frames=self.max_frames)
+        self.tokens = TokenCount()
+        return self.tokens.into(plan_with_retries(
+            self.complete, ctx, name=self.name, max_attempts=self.max_attempts, max_tokens=self.max_tokens,
+            max_frames=self.max_frames))

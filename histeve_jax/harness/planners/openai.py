@@ -18,6 +18,7 @@ from histeve_jax.harness.planners.base import (
     PlannerUnavailable,
     PlanningContext,
     PlanResult,
+    TokenCount,
     plan_with_retries,
 )
 
@@ -57,6 +58,7 @@ class EndpointPlanner:
         self.client = OpenAI(base_url=self.spec.base_url or None, api_key=self.spec.api_key,
                              timeout=self.spec.timeout_s, max_retries=self.spec.connection_retries)
         self.where = self.spec.base_url or "the OpenAI API"
+        self.tokens = TokenCount()
         self.name = f"endpoint:{self.spec.model}"
 
     def complete(self, messages: list[dict[str, Any]],
@@ -78,10 +80,15 @@ class EndpointPlanner:
                                      f"{e.message}") from None
         except openai.APIError as e:  # a body that is not a chat completion
             raise PlannerUnavailable(f"planner at {self.where} failed: {type(e).__name__}: {e}") from None
+        usage = getattr(out, "usage", None)
+        if usage is not None:
+            self.tokens.add(usage.prompt_tokens, usage.completion_tokens)
         if not out.choices:
             return None, "stop"
         return out.choices[0].message.content, out.choices[0].finish_reason or "stop"
 
     def plan(self, ctx: PlanningContext) -> PlanResult:
-        return plan_with_retries(self.complete, ctx, name=self.name, max_attempts=self.spec.max_attempts,
-                                 max_tokens=self.spec.max_tokens, max_frames=self.spec.max_frames)
+        self.tokens = TokenCount()
+        return self.tokens.into(plan_with_retries(
+            self.complete, ctx, name=self.name, max_attempts=self.spec.max_attempts,
+            max_tokens=self.spec.max_tokens, max_frames=self.spec.max_frames))

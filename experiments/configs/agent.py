@@ -1,0 +1,57 @@
+"""The whole agent: planner + harness + our policy + our detector, from nothing to a wooden pickaxe.
+
+    python -m experiments.agent [--config=experiments/configs/agent.py:tiny] [--config.reuse=<workdir>]
+
+``policy`` / ``detector`` name runs to use; empty, they are made under ``workdir`` (``policy/``: the
+imitation run's ``:pickaxe`` variant; ``detector/``: ``experiments.detector`` trained beside that policy on
+expert episodes of the long-horizon tasks' subtasks and the policy's own evaluation rollouts). ``play``
+holds the long-horizon suite's fields (``harness.suite.SuiteSpec``'s). Seeds start at 1000 (held out from
+the recorder's training seeds and the detector's), fixed before any result was looked at.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+VARIANTS = ("tiny",)
+TASKS = ("wooden_pickaxe", "dirt_wall")
+# The atomic subtasks the rules planner invokes for TASKS: the detector's expert episodes.
+SUBTASKS = ("mine_log", "craft_planks", "craft_sticks", "craft_wooden_pickaxe", "mine_dirt", "build_wall",
+            "place_dirt")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    variant = arg or "tiny"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown agent config variant {variant!r}; choose one of {VARIANTS}")
+    c = ml_collections.ConfigDict()
+    c.workdir = "/tmp/histeve_runs/agent"
+    c.reuse = ""  # an earlier agent workdir: work there, skipping every stage (and episode) it finished
+    c.policy = ""  # a policy run ("": made under workdir/policy by the imitation :pickaxe variant)
+    c.policy_config = "imitation.py:pickaxe"
+    c.detector = ""  # a detector run beside that policy ("": made under workdir/detector)
+    c.detector_record_tasks = SUBTASKS
+    c.detector_record_episodes = 6  # expert episodes per subtask (beside the policy's evaluation rollouts)
+    c.detector_steps = 300
+    c.progress_bar = True
+
+    p = ml_collections.ConfigDict()
+    p.tasks = TASKS
+    p.episodes = 10  # per task and row
+    p.seed = 1000
+    p.inject = True  # the suite's standard injected failures
+    p.policy_max_steps = 900  # per episode, the policy rows (the experts: the task's budget)
+    p.detector_every = 2
+    p.greedy = False
+    p.temperature = 1.0
+    p.reports = 2  # HTML reports for the first episodes of each task and row
+    p.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
+    p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3})
+    c.play = p
+
+    c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)
+    c.endpoint = ml_collections.ConfigDict({
+        "base_url": "", "model": "gpt-4o", "api_key": "", "timeout_s": 60.0, "max_attempts": 3,
+        "max_tokens": 128})
+    c.local_model = ""
+    return c

@@ -1,0 +1,64 @@
+"""The trained completion detector as the harness's completion signal (``controller.CompletionSignal``).
+
+``DetectorCompletion`` wraps ``detector.monitor.CompletionMonitor``: each invocation restarts its frame
+history on the subtask's instruction (the atomic task's text, as the policy was told it), and every
+``every`` steps it queries the coupled detector (frozen policy + detector) on the frames of its slots; the
+harness ends the invocation once ``consecutive`` queries in a row are >= ``threshold``, the paper's rule.
+``threshold`` is the detector run's loop threshold (``loop_threshold`` in its ``detector_report.json``:
+calibrated on replayed validation episodes to end few invocations early), else its F1 threshold.
+
+``load_detector_completion(detector_run, loaded_policy, policy_run)`` refuses, in one line naming both
+runs, a detector run that was not trained beside that policy run's weights (``export.detector_export``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from histeve_jax.detector.inputs import QueryInputs
+from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
+from histeve_jax.harness.schemas import Subtask
+
+
+class DetectorCompletion:
+    """The coupled detector queried every ``every`` steps of an invocation (module docstring)."""
+
+    name = "detector"
+
+    def __init__(self, coupled: Any, policy_config: Any, threshold: float, every: int = 2,
+                 tokenizer_path: str | None = None, source: str = ""):
+        # The monitor never stops by itself (threshold above 1): the harness applies the rule.
+        self.monitor = CompletionMonitor(coupled, QueryInputs(coupled.config, policy_config, tokenizer_path),
+                                         MonitorOptions(threshold=2.0, every=every, consecutive=1))
+        self.threshold, self.every, self.source = float(threshold), int(every), source
+
+    def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
+        self.monitor.reset(subtask.instruction, int(bool(info.get("is_gui_open", False))))
+        self.monitor.observe(obs["image"], info)  # the invocation's first frame (step 0)
+
+    def probability(self, obs: dict, info: dict) -> float | None:
+        return self.monitor.observe(obs["image"], info).probability
+
+
+def detector_threshold(report: dict[str, Any], path: str) -> float:
+    """The loop threshold of a detector run's report, else its F1 threshold; neither: an error naming it."""
+    for key in ("loop_threshold", "threshold"):
+        if report.get(key) is not None:
+            return float(report[key])
+    raise ValueError(f"{path}: detector_report.json has neither loop_threshold nor threshold (was the run "
+                     f"finished?)")
+
+
+def load_detector_completion(detector_run: str, loaded: Any, policy_run: str, *, every: int = 2,
+                             step: int | None = None) -> DetectorCompletion:
+    """The detector of ``detector_run`` beside ``loaded`` (``eval.policy_agent.load_run(policy_run)``)."""
+    from histeve_jax.export.detector_export import load_coupled_run
+
+    coupled, _, report = load_coupled_run(detector_run, loaded.policy, policy_run=policy_run,
+                                          policy_step=loaded.step, policy_stride=loaded.stride, step=step)
+    with open(os.path.join(detector_run, "config.json")) as f:  # the prompts' tokenizer, as it was trained
+        tokenizer_path = (json.load(f).get("data") or {}).get("tokenizer_path") or None
+    return DetectorCompletion(coupled, loaded.config, detector_threshold(report, detector_run), every,
+                              tokenizer_path, source=detector_run)

@@ -1,0 +1,180 @@
+"""The whole agent in the real game: the trained detector as the harness's completion signal (the paper's
+rule at its run's loop threshold, queried every k steps on the subtask's instruction), early handoffs and
+planner cost counted; a game killed mid-episode retried on the same seed with the interrupted attempt's
+procedural memory discarded; and ``experiments.agent`` from the command line: a planner that only answers
+badly never makes an executor act, the table and last line come out, ``--config.reuse`` reads the episodes
+back, and a detector of another policy is refused in one line naming both runs. The runs are written with
+drawn weights (``tests.run_helpers``), not trained: the behaviour under test is the harness's, not theirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from experiments.configs import imitation
+from histeve_jax.detector.config import tiny_config
+from histeve_jax.envs import make
+from histeve_jax.envs.tasks import load_task
+from histeve_jax.eval.policy_agent import load_run
+from histeve_jax.eval.rollout import run_episode
+from histeve_jax.harness.completion import load_detector_completion
+from histeve_jax.harness.controller import HarnessAgent
+from histeve_jax.harness.executors import ExpertExecutor, PolicyExecutor
+from histeve_jax.harness.inject import FailureInjector
+from histeve_jax.harness.memory import ProceduralMemory
+from histeve_jax.harness.planners.rules import RulesPlanner
+from histeve_jax.harness.schemas import load_schemas
+from histeve_jax.harness.suite import _run
+from histeve_jax.train import setup
+from histeve_jax.train.specs import RunSpec
+from tests.run_helpers import detector_run, filled, save_run
+from tests.test_harness_planners import ChatServer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOOP_THRESHOLD, F1_THRESHOLD = 0.0, 0.99  # 0: every query is at or over it, so the rule fires on the second
+
+
+def _policy_run(root, name, seed):
+    spec = RunSpec.from_config(imitation.get_config("tiny"), str(root / name))
+    save_run(spec, filled(setup.policy_stage(spec).init_model, seed), 2)
+    return spec.workdir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(policy run, its loaded policy, a detector run beside it, a detector run beside another policy)."""
+    root = tmp_path_factory.mktemp("agent_runs")
+    policy = _policy_run(root, "policy", 1)
+    loaded = load_run(policy)
+    det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
+                             policy_stride=loaded.stride)
+    det, _ = detector_run(root, "det", loaded.policy, det_config, seed=5, threshold=F1_THRESHOLD,
+                          loop_threshold=LOOP_THRESHOLD)
+    other = load_run(_policy_run(root, "other_policy", 9))
+    wrong, _ = detector_run(root, "wrong", other.policy, det_config, seed=6, threshold=F1_THRESHOLD)
+    return policy, loaded, det, wrong
+
+
+@pytest.fixture(scope="module")
+def env(runs):
+    e = FailureInjector(make("luanti", obs_size=tuple(runs[1].config.image_size)), [])
+    yield e
+    e.close()
+
+
+@pytest.mark.game
+def test_the_detector_ends_each_invocation_on_its_second_query_at_the_loop_threshold(runs, env):
+    policy, loaded, det, _ = runs
+    every = 2
+    completion = load_detector_completion(det, loaded, policy, every=every)
+    assert completion.threshold == LOOP_THRESHOLD  # the run's loop threshold, not its F1 threshold
+    agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), completion=completion)
+    res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=20)
+    assert not res.interrupted, res.error
+    episodic = agent.memory.to_json()["episodic"]
+    ended = [e for e in episodic if e["diagnostics"]["ended_by"] == "detector"]
+    # Queried on the invocation's steps 1, 3, ... (its first frame is step 0): two queries at or over the
+    # threshold end it after 3 actions. A stop whose subtask's check does not hold is an early handoff (a
+    # random policy holding attack across invocations can still finish a log now and then).
+    assert len(ended) >= 5 and all(e["cost"] == every + 1 for e in ended), episodic
+    stops = [e["payload"] for e in agent.events if e["kind"] == "completion"]
+    assert len(stops) == len(ended) and all(s["threshold"] == LOOP_THRESHOLD for s in stops)
+    assert agent.summary()["early_handoffs"] == sum(not s["check_holds"] for s in stops) > 0
+    assert [e["outcome"] == "success" for e in ended] == [s["check_holds"] for s in stops]
+    # The series, one value per step: the probability where the detector was queried, None elsewhere (the
+    # first invocation's frames 0 and 2); two queries per invocation it ended.
+    series = agent.series["completion"]
+    assert len(series) == agent.t and [p is None for p in series[:4]] == [True, False, True, False]
+    assert all(0.0 <= p <= 1.0 for p in series if p is not None)
+    assert sum(p is not None for p in series) >= 2 * len(ended)
+
+
+class _KillOnce:
+    """A harness agent whose game is killed once, the first step after its procedural memory learned
+    mine_log (a verified success): the lesson the interrupted attempt must not leave behind."""
+
+    def __init__(self, agent, env):
+        self.agent, self.env, self.killed, self.starts = agent, env, False, []
+        self.name = agent.name
+
+    def reset(self, task, obs, info, seed):
+        self.starts.append((seed, dict(info["inventory"])))
+        self.agent.reset(task, obs, info, seed)
+
+    def act(self, obs, info):
+        if not self.killed and "mine_log(count=1)" in self.agent.procedural.entries:
+            self.killed = True
+            os.kill(self.env.unwrapped.proc.game.pid, signal.SIGKILL)
+        return self.agent.act(obs, info)
+
+
+@pytest.mark.game
+def test_a_game_killed_mid_episode_is_retried_on_the_same_seed_and_its_memory_discarded(env):
+    earlier = {"subtask": "smelt_iron", "params": {"count": 1}, "consumed": {"default:iron_lump": 1},
+               "produced": {"default:steel_ingot": 1}, "held_before": {}, "successes": 3, "mean_cost": 90.0}
+    procedural = ProceduralMemory({"smelt_iron(count=1)": earlier})
+    agent = _KillOnce(HarnessAgent(RulesPlanner(), ExpertExecutor(), load_schemas(), procedural=procedural),
+                      env)
+    res = _run(env, load_task("wooden_pickaxe"), 1003, agent, 250, False, procedural)
+    assert agent.killed and not res.interrupted, res.error
+    assert agent.starts == [(1003, {}), (1003, {})]  # the same seed, from the same (empty) start
+    log = procedural.entries["mine_log(count=1)"]
+    assert log["successes"] == 1, log  # learned once, in the retry: the killed attempt's lesson is gone
+    assert procedural.entries["smelt_iron(count=1)"] == earlier  # what earlier episodes learned stays
+
+
+def _agent(args, cwd=REPO, timeout=900):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-m", "experiments.agent", *args], cwd=cwd, env=env,
+                          timeout=timeout, capture_output=True, text=True)
+
+
+@pytest.mark.game
+def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_path):
+    policy, _, det, wrong = runs
+    server = ChatServer([(200, '{"subtask": {"name": "fly", "parameters": {}}}', 0, "stop")] * 200)
+    work = tmp_path / "agent"
+    args = [f"--config.policy={policy}", f"--config.detector={det}", "--config.planner=endpoint",
+            f"--config.endpoint.base_url={server.url}", "--config.endpoint.api_key=k",
+            "--config.endpoint.max_attempts=2", "--config.play.tasks=('dirt_wall',)",
+            "--config.play.episodes=1", "--config.play.policy_max_steps=6", "--config.play.inject=False",
+            "--config.play.reports=1", "--config.progress_bar=False"]
+    try:
+        out = _agent([*args, f"--config.workdir={work}"])
+        assert out.returncode == 0, out.stderr[-3000:]
+        last = out.stdout.strip().splitlines()[-1]
+        assert last == ("goal_success=0.00 progress=0.00 goal_success_privileged=0.00 "
+                        "goal_success_goal_only=0.00"), out.stdout[-2000:]
+        episodes = work / "longhorizon" / "episodes"
+        for row in ("policy", "policy_privileged", "expert"):
+            ep = json.loads((episodes / row / "dirt_wall-1000.json").read_text())
+            assert ep["steps"] == 0 and "no executable subtask 3 times in a row" in ep["error"], ep["error"]
+            planned = [e["payload"] for e in ep["events"] if e["kind"] == "planner"]
+            assert len(planned) == 3 and all(p["subtask"] is None and p["attempts"] == 2 for p in planned)
+            assert ep["harness"]["invocations"] == 0 and ep["harness"]["planner_prompt_tokens"] > 0
+        goal_only = json.loads((episodes / "policy_goal_only" / "dirt_wall-1000.json").read_text())
+        assert goal_only["steps"] == 6  # no planner: the policy acts on the goal's text
+        report = json.loads((work / "agent_report.json").read_text())
+        assert set(report["by_row"]) == {"agent", "privileged", "goal_only", "expert"}
+        assert report["by_row"]["agent"]["wilson"][0] == 0.0 and "goal success" in report["table"][0]
+        requests = len(server.requests)
+
+        # Again on the same workdir: refused without reuse; with it, the finished episodes are read back.
+        again = _agent([*args, f"--config.workdir={work}"])
+        assert again.returncode == 1 and "--config.reuse=" in again.stderr.strip().splitlines()[-1]
+        reused = _agent([*args, f"--config.reuse={work}"])
+        assert reused.returncode == 0, reused.stderr[-3000:]
+        assert reused.stdout.strip().splitlines()[-1] == last and len(server.requests) == requests
+
+        # A detector run trained beside another policy: one line naming both runs, before any game.
+        bad = _agent([*args, f"--config.detector={wrong}", f"--config.workdir={tmp_path / 'bad'}"])
+        err = bad.stderr.strip().splitlines()
+        assert bad.returncode == 1 and err[-1].startswith("error: the detector run"), bad.stderr[-2000:]
+        assert wrong in err[-1] and policy in err[-1] and "other policy weights" in err[-1]
+    finally:
+        server.close()
