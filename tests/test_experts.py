@@ -97,18 +97,19 @@ def test_expert_succeeds(env, name):
 @pytest.mark.game
 def test_craft_subtasks_chain_without_ambiguous_returns(env):
     """craft_sticks starts from what craft_planks leaves in wooden_pickaxe and leaves exactly what
-    craft_wooden_pickaxe starts from. Spare items go back to another slot than the one they were picked
-    from (a click on the source slot looks the same before the grid as after it)."""
+    craft_wooden_pickaxe starts from. Spare items go to the empty slot farthest from the one they were
+    picked from (a click on the source slot, or next to it, looks like the one before the grid)."""
     layout = lambda info: [{"item": s["type"], "count": s["quantity"], "slot": i}
                            for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"]
     info, subtasks = _run(env, "craft_sticks", seed=7)
     assert info["success"] and "return_default:wood" in subtasks, subtasks
     pickaxe_start = load_task("craft_wooden_pickaxe").init["inventory"]
     assert layout(info) == sorted(pickaxe_start, key=lambda it: it["slot"])
-    info, subtasks = _run(env, "craft_wooden_pickaxe", seed=7)  # 4 sticks from slot 1: 2 go to slot 2
+    assert layout(info)[1]["slot"] == 32  # the spare planks: the slot farthest from slot 1
+    info, subtasks = _run(env, "craft_wooden_pickaxe", seed=7)  # 4 sticks from slot 1: 2 go to slot 32
     assert info["success"] and "return_default:stick" in subtasks, subtasks
     assert layout(info) == [{"item": "default:pick_wood", "count": 1, "slot": 1},
-                            {"item": "default:stick", "count": 2, "slot": 2}]
+                            {"item": "default:stick", "count": 2, "slot": 32}]
 
 
 @pytest.mark.game

@@ -276,9 +276,17 @@ class Expert:
                 return i
         return None
 
-    def empty_slot(self, but: int | None = None) -> int:
-        """The first empty inventory slot (other than ``but``)."""
+    def far_empty_slot(self, slot: int) -> int:
+        """The empty inventory slot farthest on screen from ``slot`` (the last such on a tie)."""
+        empty = [i for i, s in enumerate(self.info["inventory_slots"], start=1)
+                 if s["type"] == "air" and i != slot and i in SLOT_XY]
+        if not empty:
+            raise RuntimeError("no empty inventory slot")
+        (x, y) = SLOT_XY[slot]
+        return max(empty, key=lambda i: ((SLOT_XY[i][0] - x) ** 2 + (SLOT_XY[i][1] - y) ** 2, i))
+
+    def empty_slot(self) -> int:
         for i, s in enumerate(self.info["inventory_slots"], start=1):
-            if s["type"] == "air" and i != but:
+            if s["type"] == "air":
                 return i
         raise RuntimeError("no empty inventory slot")

@@ -78,15 +78,17 @@ class CraftExpert(Expert):
                 for cell in cells:
                     yield from self.cursor_to(CRAFT_XY[cell], f"place_{item}")
                     yield from self.click("use", f"place_{item}")  # one item into the grid
-                if count > len(cells):  # the rest to an empty slot other than its own: back on its own
-                    # slot, "just clicked the stack's slot" would look the same before the grid as after it
+                if count > len(cells):  # the rest to the empty slot farthest from its own. Back on its
+                    # own slot, "just clicked the stack's slot" looks the same before the grid as after it
                     # (the held stack is drawn where the slot's stack was) and the two want different moves
-                    # next. (A right click that takes half a stack would leave nothing to return in some
-                    # recipes, but then the same "arrived on the first slot" frame wants a left click in one
-                    # task and a right click in another: that cost the pickaxe run every craft, 0-1 of 20.)
-                    # With none left, a click on an empty slot with an empty hand would change nothing on
-                    # screen: a policy could not see it had made it.
-                    yield from self.cursor_to(SLOT_XY[self.empty_slot(but=slot)], f"return_{item}")
+                    # next (craft_sticks 4/20); on the neighbouring slot the policy still took it for the
+                    # click before the grid (2/20: the frames differ by one slot's width). A right click
+                    # that takes half a stack leaves nothing to return in some recipes, but then the same
+                    # "arrived on the first slot" frame wants a left click in one task and a right click in
+                    # another: that cost the pickaxe run every craft (1, 0, 0 of 20). With none left, a click
+                    # on an empty slot with an empty hand would change nothing on screen: a policy could not
+                    # see it had made it.
+                    yield from self.cursor_to(SLOT_XY[self.far_empty_slot(slot)], f"return_{item}")
                     yield from self.click("attack", f"return_{item}")
             # The server computes the output preview from the grid; clicking before it arrives takes nothing.
             for _ in range(20):
