@@ -93,6 +93,7 @@ def detector_config(c: Any, policy: str) -> Any:
     d.detector.record_tasks = tuple(c.detector_record_tasks)
     d.detector.record_episodes = c.detector_record_episodes
     d.detector.monitor_every = c.play.detector_every
+    d.detector.max_len = c.detector_max_len
     return d
 
 

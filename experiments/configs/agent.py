@@ -33,6 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.detector_record_tasks = SUBTASKS
     c.detector_record_episodes = 6  # expert episodes per subtask (beside the policy's evaluation rollouts)
     c.detector_steps = 300
+    c.detector_max_len = 192  # 4 frames x 28 tokens and the longest subtask's text with its phase (165)
     c.progress_bar = True
 
     p = ml_collections.ConfigDict()
