@@ -12,7 +12,8 @@ interval, progress, and the harness's means: invocations, replans, early handoff
 seconds and tokens). An episode whose game failed is retried once on the same seed on a fresh game, the
 procedural memory it wrote discarded. The policy's invocations end by the trained detector when
 ``detector`` names a run (``harness.completion``), by the privileged check otherwise, or both as two rows
-(``completion``); ``resume`` reads back the episodes an earlier run of the same ``out_dir`` finished.
+(``completion``); ``resume`` reads back the episodes an earlier run of the same ``out_dir`` played (one
+whose game failed twice is played again).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class SuiteSpec:
     detector_every: int = 2  # query the detector every k steps
     completion: str = "auto"
     goal_only: bool = True  # also the policy given only the final goal ("policy_goal_only")
-    resume: bool = False  # an episode whose JSON is already under out_dir is read back, not played again
+    resume: bool = False  # an episode already played under out_dir is read back, not played again
 
 
 COMPLETIONS = ("auto", "detector", "privileged", "both")
@@ -125,6 +126,15 @@ def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
     return res
 
 
+def _finished(path: str) -> dict[str, Any] | None:
+    """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        row = json.load(f)
+    return None if row.get("interrupted") else row
+
+
 def _summary_row(row: dict[str, Any], label: str, task: str, seed: int) -> dict[str, Any]:
     """An episode's row of the summary, from its episode JSON."""
     return {"executor": label, "task": task, "seed": seed, "success": bool(row["success"]),
@@ -183,9 +193,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                     for label, agent in runs:
                         d = os.path.join(spec.out_dir, "episodes", label)
                         path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
-                        if spec.resume and os.path.exists(path):  # played by an earlier run: read back
-                            with open(path) as f:
-                                row = json.load(f)
+                        row = _finished(path) if spec.resume else None
+                        if row is not None:  # played to the end by an earlier run: read back
                             rows.append(_summary_row(row, label, task_name, spec.seed + i))
                             if on_episode is not None:
                                 on_episode(rows[-1])
