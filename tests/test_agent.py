@@ -94,6 +94,31 @@ def test_the_detector_ends_each_invocation_on_its_second_query_at_the_loop_thres
     assert sum(p is not None for p in series) >= 2 * len(ended)
 
 
+@pytest.mark.game
+def test_an_invocation_whose_inputs_are_taken_ends_at_once_and_is_replanned(runs, env):
+    """The log taken 3 steps into craft_planks: the policy cannot finish it now, and the harness ends the
+    invocation on the schema's unrecoverable failure condition the next step, not at its 320-step budget."""
+    from histeve_jax.harness.inject import Injection
+
+    _, loaded, _, _ = runs
+    env.set_injections([Injection("take_log", when={"inventory": {"default:tree": ">=1"}},
+                                  take={"default:tree": 99}, delay=3)])
+    try:
+        agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas())
+        res = run_episode(env, load_task("craft_planks"), 1000, agent, max_steps=12)
+        fired = list(env.fired)
+    finally:
+        env.set_injections([])
+    assert not res.interrupted and fired and fired[0]["step"] <= 4, (res.error, fired)
+    first = agent.memory.to_json()["episodic"][0]
+    assert first["subtask"] == "craft_planks(count=4)", first
+    assert first["diagnostics"]["ended_by"] == "failure_condition"
+    assert first["cost"] <= 6 and first["decision"] == "replan", first
+    assert "failure condition missing_inputs" in first["diagnostics"]["reasons"]
+    plans = [e["payload"]["subtask"] for e in agent.events if e["kind"] == "planner"]
+    assert plans[:2] == ["craft_planks(count=4)", "mine_log(count=1)"], plans
+
+
 class _KillOnce:
     """A harness agent whose game is killed once, the first step after its procedural memory learned
     mine_log (a verified success): the lesson the interrupted attempt must not leave behind."""

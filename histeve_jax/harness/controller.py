@@ -2,8 +2,10 @@
 recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any agent.
 
 Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
-``consecutive`` queries in a row, the paper's detector rule), the subtask's step budget is spent, the
-executor stops or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is
+``consecutive`` queries in a row, the paper's detector rule), one of the subtask's unrecoverable failure
+conditions holds (its inputs are gone: a policy would otherwise spend the whole budget on it), the
+subtask's step budget is spent, the executor stops or gives up, or the visual state jumps
+(``verify.ChangeMonitor``). The completion signal is
 a hook (``CompletionSignal``): ``harness.completion.DetectorCompletion`` is the trained detector coupled to
 the policy (queried every k steps on the subtask's instruction, at its run's loop threshold);
 ``PrivilegedCompletion`` reports the subtask's privileged completion check as probability 0 or 1 at every
@@ -212,6 +214,8 @@ class HarnessAgent:
             self.over = self.over + 1 if p >= self.completion.threshold else 0
         if self.over >= self.spec.consecutive:
             return "detector"
+        if not self.current.is_complete(info) and any(not rec for _, rec in self.current.failures(info)):
+            return "failure_condition"  # e.g. the recipe's inputs were taken: no step can finish it now
         if self.monitor.push(obs["image"], info, self.last_action):
             return "visual_change"
         if self.inv_steps >= self.current.budget:

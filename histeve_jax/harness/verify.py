@@ -102,7 +102,7 @@ class Verdict:
     """What one invocation achieved and what the harness does next."""
 
     outcome: str  # success | failure | interrupted
-    ended_by: str  # detector | budget | executor_done | gave_up | visual_change
+    ended_by: str  # detector | failure_condition | budget | executor_done | gave_up | visual_change
     completed: bool
     applicable: bool
     failures: list[tuple[str, bool]]  # (failure condition, recoverable)
