@@ -3,7 +3,8 @@ recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any
 
 Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
 ``consecutive`` queries in a row, the paper's detector rule), one of the subtask's unrecoverable failure
-conditions holds (its inputs are gone: a policy would otherwise spend the whole budget on it), the
+conditions holds for ``failure_patience`` steps (its inputs are gone: a policy would otherwise spend the
+whole budget on it), the
 subtask's step budget is spent, the executor stops or gives up, or the visual state jumps
 (``verify.ChangeMonitor``). The completion signal is
 a hook (``CompletionSignal``): ``harness.completion.DetectorCompletion`` is the trained detector coupled to
@@ -72,6 +73,7 @@ class HarnessSpec:
     max_invocations: int = 60
     consecutive: int = 2  # queries at or over the signal's threshold that return control (the paper's rule)
     recent_frames: int = 4  # O_j: frames the planner sees
+    failure_patience: int = 20  # steps an unrecoverable failure condition must hold to end an invocation
     visual_jump: float = VISUAL_JUMP
 
 
@@ -161,6 +163,7 @@ class HarnessAgent:
         self.memory.working.current = subtask.label
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
         self.done_at: int | None = 0 if subtask.is_complete(info) else None  # inv step its check first held
+        self.failing_for = 0  # steps an unrecoverable failure condition has held in a row
         self.last_action = None
         self.before = self.memory.working.snapshot()
         self.monitor = ChangeMonitor(self.spec.visual_jump)
@@ -204,6 +207,21 @@ class HarnessAgent:
             self.recoveries += 1
             self._start(sub, obs, info)
 
+    def _failing(self, info: dict) -> bool:
+        """Whether an unrecoverable failure condition of the subtask has held for ``failure_patience`` steps
+        in a row, counting the crafting grid's items as held: a craft takes its inputs out of the inventory
+        onto the pointer and into the grid, and its output is on the pointer a few steps before it is
+        stored, so only a condition that outlasts that is a failure."""
+        sub = self.current
+        held = dict(info.get("inventory") or {})
+        for g in info.get("craft_grid") or []:
+            if g.get("type") not in (None, "", "air"):
+                held[g["type"]] = held.get(g["type"], 0) + int(g.get("quantity", 1))
+        seen = {**info, "inventory": held}
+        bad = not sub.is_complete(seen) and any(not rec for _, rec in sub.failures(seen))
+        self.failing_for = self.failing_for + 1 if bad else 0
+        return self.failing_for >= self.spec.failure_patience
+
     def _ended(self, obs: dict, info: dict) -> str:
         """Why the current invocation should end before this step ("" to go on)."""
         if self.done_at is None and self.current.is_complete(info):
@@ -214,7 +232,7 @@ class HarnessAgent:
             self.over = self.over + 1 if p >= self.completion.threshold else 0
         if self.over >= self.spec.consecutive:
             return "detector"
-        if not self.current.is_complete(info) and any(not rec for _, rec in self.current.failures(info)):
+        if self._failing(info):
             return "failure_condition"  # e.g. the recipe's inputs were taken: no step can finish it now
         if self.monitor.push(obs["image"], info, self.last_action):
             return "visual_change"
