@@ -107,9 +107,11 @@ def detector_run(c: Any, workdir: str, policy: str) -> str:
     out = os.path.join(workdir, "detector")
     run_dir = os.path.join(out, f"run_x{cfg.detector.cross_attention_every}")
     report = os.path.join(run_dir, "detector_report.json")
-    if os.path.exists(report) and "loop_threshold" in json.load(open(report)):
-        _say(f"detector: {run_dir} (finished; reused)")
-        return run_dir
+    if os.path.exists(report):
+        with open(report) as f:
+            if "loop_threshold" in json.load(f):  # written last: the run finished
+                _say(f"detector: {run_dir} (finished; reused)")
+                return run_dir
     _say(f"detector: training beside {policy} under {out}")
     rep = run(cfg, out, log=_say)
     _say(f"detector: threshold {rep['threshold']:.3f} (validation F1 {rep['validation']['f1']:.3f}), test F1 "
