@@ -119,12 +119,11 @@ def detector_run(c: Any, workdir: str, policy: str) -> str:
     return rep["run_dir"]
 
 
-def play(c: Any, workdir: str, policy: str, detector: str) -> dict:
+def play(c: Any, workdir: str, policy: str, detector: str, planner: Any) -> dict:
     """The four rows on the long-horizon tasks (module docstring); episodes already played are read back."""
     from tqdm import tqdm
 
     from histeve_jax.harness.controller import HarnessSpec
-    from histeve_jax.harness.planners import make_planner
     from histeve_jax.harness.suite import SuiteSpec, run_suite
 
     p = c.play
@@ -147,7 +146,7 @@ def play(c: Any, workdir: str, policy: str, detector: str) -> dict:
                  f"{r['error'][:120]}")
 
     try:
-        return run_suite(spec, make_planner(c), on_episode=done)
+        return run_suite(spec, planner, on_episode=done)
     finally:
         bar.close()
 
@@ -184,12 +183,12 @@ def main(argv: list[str]) -> None:
             f.write(c.to_json_best_effort(indent=1))
         from histeve_jax.harness.planners import make_planner
 
-        make_planner(c)  # a planner that cannot be built fails before an hour of training
+        planner = make_planner(c)  # built once, before an hour of training: a bad one fails first
         policy = policy_run(c, workdir)
         detector = detector_run(c, workdir, policy)
         _say(f"playing {tuple(c.play.tasks)} x {c.play.episodes} episodes x {len(ROWS)} rows "
              f"(policy {policy}, detector {detector})")
-        summary = play(c, workdir, policy, detector)
+        summary = play(c, workdir, policy, detector, planner)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad input: one line naming it
         raise SystemExit(f"error: {e}") from None
     lines = table(summary)

@@ -28,11 +28,11 @@ class DetectorCompletion:
     name = "detector"
 
     def __init__(self, coupled: Any, policy_config: Any, threshold: float, every: int = 2,
-                 tokenizer_path: str | None = None, source: str = ""):
+                 tokenizer_path: str | None = None):
         # The monitor never stops by itself (threshold above 1): the harness applies the rule.
         self.monitor = CompletionMonitor(coupled, QueryInputs(coupled.config, policy_config, tokenizer_path),
                                          MonitorOptions(threshold=2.0, every=every, consecutive=1))
-        self.threshold, self.every, self.source = float(threshold), int(every), source
+        self.threshold = float(threshold)
 
     def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
         self.monitor.reset(subtask.instruction, int(bool(info.get("is_gui_open", False))))
@@ -61,4 +61,4 @@ def load_detector_completion(detector_run: str, loaded: Any, policy_run: str, *,
     with open(os.path.join(detector_run, "config.json")) as f:  # the prompts' tokenizer, as it was trained
         tokenizer_path = (json.load(f).get("data") or {}).get("tokenizer_path") or None
     return DetectorCompletion(coupled, loaded.config, detector_threshold(report, detector_run), every,
-                              tokenizer_path, source=detector_run)
+                              tokenizer_path)
