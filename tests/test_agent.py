@@ -18,7 +18,7 @@ import pytest
 
 from experiments.configs import imitation
 from histeve_jax.detector.config import tiny_config
-from histeve_jax.envs import make
+from histeve_jax.envs import make, noop_action
 from histeve_jax.envs.tasks import load_task
 from histeve_jax.eval.policy_agent import load_run
 from histeve_jax.eval.rollout import run_episode
@@ -123,6 +123,33 @@ def test_an_invocation_whose_inputs_are_taken_ends_at_once_and_is_replanned(runs
     assert "failure condition missing_inputs" in first["diagnostics"]["reasons"]
     plans = [e["payload"]["subtask"] for e in agent.events if e["kind"] == "planner"]
     assert plans[:2] == ["craft_planks(count=4)", "mine_log(count=1)"], plans
+
+
+@pytest.mark.game
+def test_an_invocation_that_finds_the_gui_open_closes_it_before_the_policy_acts(runs, env):
+    """A craft ends once its output is in the inventory, GUI still open; the next invocation's policy was
+    only ever shown its subtask from the world view, so the executor closes the GUI first (as the expert
+    executor does) and the policy's first frame is the world."""
+    _, loaded, _, _ = runs
+    _, info = env.reset(seed=1000, options={"task": "craft_sticks"})
+    open_ = dict(noop_action(), inventory=1)
+    obs, _, _, _, info = env.step(open_)
+    obs, _, _, _, info = env.step(noop_action())
+    assert info["is_gui_open"]
+    executor = PolicyExecutor(loaded)
+    subtask = load_schemas()["craft_sticks"].instantiate({"count": 4})
+    executor.start(subtask, obs, info)
+    labels = []
+    for _ in range(10):
+        d = executor.act(obs, info)
+        labels.append(d.subtask)
+        if d.subtask == subtask.label:
+            break
+        assert d.tokens is None  # the harness's keys, not the policy's sample
+        obs, _, _, _, info = env.step(d.action)
+    assert labels[0] == f"{subtask.label}/close_gui" and labels[-1] == subtask.label, labels
+    assert not info["is_gui_open"] and d.tokens  # the policy took over once the GUI was closed
+    assert len(executor.frames._frames) == 1  # its history holds the world view alone, not the GUI
 
 
 class _KillOnce:

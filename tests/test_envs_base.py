@@ -87,11 +87,23 @@ def _task(**over):
     ({"init": {"inventory": [{"item": 5}]}}, r"init\.inventory\[0\]\.item"),
     ({"init": {"nodes": [{"pos": [0, 9, 0], "name": None}]}}, r"init\.nodes\[0\]\.name"),
     ({"subgoals": [{"name": "x"}]}, r"subgoals\[0\]"),
+    ({"init": {"vary": {"roll": 5}}}, r"init\.vary: must be a mapping with keys from"),
+    ({"init": {"vary": {"pitch": 100}}}, r"init\.vary\.pitch: must be a number in \[0, 89\.5\]"),
+    ({"init": {"vary": {"yaw": -1}}}, r"init\.vary\.yaw"),
     ({"colour": 1}, r"unknown key"),
 ])
 def test_bad_task_files_raise_naming_the_key(over, msg):
     with pytest.raises(TaskError, match=msg):
         task_from_dict(_task(**over))
+
+
+def test_a_start_spread_fills_in_the_defaults():
+    assert task_from_dict(_task(init={"vary": {"yaw": 180}})).init["vary"] == {"pos": 0.25, "yaw": 180.0,
+                                                                              "pitch": 0.0}
+    assert "vary" not in task_from_dict(_task()).init
+    # The crafts start anywhere in mine_log's arena, looking anywhere (wooden_pickaxe hands them that view).
+    craft, mine = load_task("craft_planks").init, load_task("mine_log").init
+    assert craft["vary"]["yaw"] == 180.0 and craft["vary"]["pitch"] > 0 and craft["trees"] == mine["trees"]
 
 
 def test_tasks_load_by_path_and_unknown_names_raise(tmp_path):

@@ -259,6 +259,25 @@ def test_randomized_init_is_a_function_of_the_seed(env):
         env.randomize_init = False
     assert a["pos"] == c["pos"] and a["yaw"] == pytest.approx(c["yaw"], abs=1e-6)
     assert a["pos"] != b["pos"]
+    assert a["pitch"] == b["pitch"] == pytest.approx(0.0, abs=0.5)  # mine_log's spread has no pitch
+
+
+def test_a_task_spread_draws_the_look_the_game_then_holds(env):
+    """craft_planks' ``init.vary`` (any yaw, pitch 25 +- 45): the starts the game reports spread over it."""
+    task = load_task("craft_planks")
+    vary, init = task.init["vary"], task.init
+    env.randomize_init = True
+    try:
+        starts = [env.reset(seed=s, options={"task": "craft_planks"})[1] for s in range(20, 26)]
+    finally:
+        env.randomize_init = False
+    for info in starts:
+        assert abs(info["pitch"] - init["pitch"]) <= vary["pitch"] + 0.5, info["pitch"]
+        assert all(abs(p - q) <= vary["pos"] + 0.05 for p, q in zip(info["pos"][::2], init["pos"][::2]))
+        assert info["inventory"] == {"default:tree": 1}
+    pitches = sorted(i["pitch"] for i in starts)
+    yaws = [i["yaw"] % 360 for i in starts]
+    assert pitches[-1] - pitches[0] > 20 and max(yaws) - min(yaws) > 60, (pitches, yaws)
 
 
 def test_killing_the_game_raises_and_the_next_reset_recovers(env):

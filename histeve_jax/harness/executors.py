@@ -123,10 +123,19 @@ class ExpertExecutor:
         return Decision(action=action, subtask="done" if phase == "done" else f"{self._label}/{phase}")
 
 
+class _CloseGui(Expert):
+    """Closes a GUI that an earlier invocation left open (the expert's three taps at most), then is done."""
+
+    def plan(self):
+        return iter(())
+
+
 class PolicyExecutor:
     """A trained run's policy (``eval.policy_agent.load_run``) acting in process on the subtask's
     instruction; the frame history restarts with every invocation (as in training, one instruction per
-    episode)."""
+    episode). An invocation that finds a GUI open (the one before it ended inside the inventory, as a craft
+    does once its output is in the inventory) first closes it, as the expert executor does: every
+    demonstration starts from the world view, the GUI opened by the policy's own first key."""
 
     def __init__(self, loaded: Any, *, greedy: bool = False, temperature: float = 1.0, seed: int = 0,
                  name: str = "policy"):
@@ -146,12 +155,21 @@ class PolicyExecutor:
         self.frames.reset()
         self.instruction = subtask.instruction if subtask is not None else instruction
         self._label = subtask.label if subtask is not None else "goal"
+        self._closer: Expert | None = None
+        if info.get("is_gui_open"):
+            self._closer = _CloseGui(load_task(subtask.task) if subtask is not None else None)
+            self._closer.reset(info)
 
     def act(self, obs: dict, info: dict) -> Decision:
         import jax
 
         from histeve_jax.eval.report import action_text
 
+        if self._closer is not None:
+            action, phase = self._closer.act(info)
+            if phase != "done":
+                return Decision(action=action, subtask=f"{self._label}/close_gui", text=action_text(action))
+            self._closer = None  # closed: the policy's history starts at the world view
         frames = self.frames.push(np.asarray(obs["image"]))
         key = jax.random.fold_in(self._key, self._calls)
         self._calls += 1

@@ -66,7 +66,7 @@ from histeve_jax.envs.luanti.arena import DEFAULT_POS, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
-from histeve_jax.envs.tasks import Task, load_task
+from histeve_jax.envs.tasks import DEFAULT_VARY, Task, load_task
 
 # What a vanished X server or world directory raises from Xlib, mss or the file system (TimeoutError, from a
 # window that never appears, is an OSError).
@@ -392,8 +392,9 @@ class LuantiEnv(gym.Env):
         """Restore the task's initial state (same world, teleport, look, time, inventory; no mobs or weather).
 
         options: {"task": name or Task}. A dead or hung game is restarted here. The world is fixed, so two
-        resets of a task give the same state; with ``randomize_init`` the start position (+-0.25 blocks) and
-        yaw (+-15 degrees) are drawn from the seed, so (seed, task) still fixes the initial state.
+        resets of a task give the same state; with ``randomize_init`` the start position and look are drawn
+        from the seed within the task's ``init.vary`` (default +-0.25 blocks, +-15 degrees of yaw), so
+        (seed, task) still fixes the initial state.
         """
         super().reset(seed=seed)
         options = options or {}
@@ -403,10 +404,14 @@ class LuantiEnv(gym.Env):
         self.episode_task = self.task
         if self.randomize_init:
             init = dict(self.task.init)
+            vary = init.get("vary", DEFAULT_VARY)
             x, y, z = init.get("pos", DEFAULT_POS)
-            dx, dz = self.np_random.uniform(-0.25, 0.25, size=2)
+            dx, dz = self.np_random.uniform(-vary["pos"], vary["pos"], size=2)
             init["pos"] = [float(x + dx), float(y), float(z + dz)]
-            init["yaw"] = float(init.get("yaw", 0.0) + self.np_random.uniform(-15.0, 15.0))
+            init["yaw"] = float(init.get("yaw", 0.0) + self.np_random.uniform(-vary["yaw"], vary["yaw"]))
+            if vary["pitch"]:  # drawn only where asked: the other tasks' starts stay what their seeds gave
+                pitch = init.get("pitch", 0.0) + self.np_random.uniform(-vary["pitch"], vary["pitch"])
+                init["pitch"] = float(np.clip(pitch, -89.5, 89.5))
             self.episode_task = dataclasses.replace(self.task, init=init)
         if self.proc is not None:
             try:

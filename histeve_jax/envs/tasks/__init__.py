@@ -16,6 +16,8 @@ A task file holds::
       trees: [{pos: [0, 9, 3], height: 4}]                         # trunk base, leaves on top
       nodes: [{pos: [2, 9, 0], name: default:stone}]
       fills: [{pos1: [..], pos2: [..], name: default:stone}]
+      vary: {pos: 0.25, yaw: 15, pitch: 0}   # the start's spread where the env randomizes it (these defaults):
+                                             # +- blocks on x and z, +- degrees about yaw and pitch
     success: {inventory: {default:tree: ">=1"}}
     subgoals:                      # optional, in order: progress checks for long-horizon tasks
       - {name: logs, check: {inventory: {default:tree: ">=3"}}}
@@ -146,7 +148,11 @@ def _name(v: Any, where: str) -> None:
         raise TaskError(f"{where}: must be an item or node name like 'default:dirt', got {v!r}")
 
 
-_INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", "nodes", "fills"}
+_INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", "nodes", "fills", "vary"}
+# The spread of a randomized start (``LuantiEnv(randomize_init=True)``) where ``init.vary`` does not say:
+# +- blocks on x and z, +- degrees of yaw and of pitch.
+DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0}
+_VARY_MAX = {"pos": 3.0, "yaw": 180.0, "pitch": 89.5}
 
 
 def _validate_init(init: Any, where: str) -> dict[str, Any]:
@@ -194,6 +200,14 @@ def _validate_init(init: Any, where: str) -> dict[str, Any]:
         _vec3(f["pos1"], f"{w}.pos1")
         _vec3(f["pos2"], f"{w}.pos2")
         _name(f["name"], f"{w}.name")
+    if "vary" in init:
+        vary = init["vary"]
+        if not isinstance(vary, Mapping) or set(vary) - set(DEFAULT_VARY):
+            raise TaskError(f"{where}.vary: must be a mapping with keys from {sorted(DEFAULT_VARY)}, got {vary!r}")
+        for k, v in vary.items():
+            if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= _VARY_MAX[k]:
+                raise TaskError(f"{where}.vary.{k}: must be a number in [0, {_VARY_MAX[k]}], got {v!r}")
+        out["vary"] = {**DEFAULT_VARY, **{k: float(v) for k, v in vary.items()}}
     return out
 
 
