@@ -123,8 +123,9 @@ def _apply(sub, info):
         info[key][item] = info[key].get(item, 0) + rule.per_run
 
 
-def _plan_all(task_name):
-    task, info, planner, labels = load_task(task_name), _sim_info(), RulesPlanner(), []
+def _plan_all(task_name, planner=None):
+    task, info, labels = load_task(task_name), _sim_info(), []
+    planner = planner or RulesPlanner()
     while not task.is_success(info):
         info["subgoals_done"] = task.subgoals_done(info)
         adm = {n: s for n, s in SCHEMAS.items() if evaluate_condition(s.applicable, info)}
@@ -133,7 +134,7 @@ def _plan_all(task_name):
         assert r.subtask is not None, r.error
         labels.append(r.subtask.label)
         _apply(r.subtask, info)
-        assert len(labels) < 30
+        assert len(labels) < 60
     return labels
 
 
@@ -148,6 +149,19 @@ def test_the_rules_planner_makes_a_steel_pickaxe_from_scratch():
     assert _plan_all("wooden_pickaxe") == ["mine_log(count=1)", "craft_planks(count=4)",
                                            "craft_sticks(count=4)", "craft_wooden_pickaxe()"]
     assert _plan_all("dirt_wall") == ["mine_dirt(count=3)", "build_wall()"]
+
+
+def test_unit_steps_ask_for_one_run_at_a_time():
+    unit = RulesPlanner(unit_steps=True)
+    assert _plan_all("dirt_wall", unit) == ["mine_dirt(count=1)", "mine_dirt(count=2)", "mine_dirt(count=3)",
+                                            "build_wall()"]
+    assert _plan_all("wooden_pickaxe", unit) == _plan_all("wooden_pickaxe")  # one unit each already
+    # A craft's unit is one craft (4 planks from a log); the total is never exceeded.
+    labels = _plan_all("steel_pickaxe", unit)
+    assert labels[:4] == ["mine_log(count=1)", "mine_log(count=2)", "craft_planks(count=4)",
+                          "craft_planks(count=8)"], labels
+    assert labels.count("mine_iron(count=1)") == 1 and "mine_iron(count=3)" in labels
+    assert labels.count("mine_coal(count=1)") == 1 and labels.count("smelt_iron(count=3)") == 1  # one batch
 
 
 def test_the_rules_planner_replans_from_a_loss_and_never_picks_an_inadmissible_subtask():

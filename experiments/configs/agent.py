@@ -51,6 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.play = p
 
     c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)
+    c.unit_steps = True  # rules: one log, dirt block or craft per invocation (the unit the policy learnt)
     c.endpoint = ml_collections.ConfigDict({
         "base_url": "", "model": "gpt-4o", "api_key": "", "timeout_s": 60.0, "max_attempts": 3,
         "max_tokens": 128})

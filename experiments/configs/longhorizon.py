@@ -38,6 +38,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.reports = 1
     c.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
     c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)
+    c.unit_steps = False  # rules: one log, dirt block or craft per invocation (else the whole total at once)
     c.endpoint = ml_collections.ConfigDict({
         "base_url": "", "model": "gpt-4o", "api_key": "", "timeout_s": 60.0, "max_attempts": 3,
         "max_tokens": 128})

@@ -16,7 +16,7 @@ A task file holds::
       trees: [{pos: [0, 9, 3], height: 4}]                         # trunk base, leaves on top
       nodes: [{pos: [2, 9, 0], name: default:stone}]
       fills: [{pos1: [..], pos2: [..], name: default:stone}]
-      vary: {pos: 0.25, yaw: 15, pitch: 0}   # the start's spread where the env randomizes it (these defaults):
+      vary: {pos: 0.25, yaw: 15, pitch: 0}   # the start's spread where the env randomizes it (defaults):
                                              # +- blocks on x and z, +- degrees about yaw and pitch
     success: {inventory: {default:tree: ">=1"}}
     subgoals:                      # optional, in order: progress checks for long-horizon tasks
@@ -203,7 +203,8 @@ def _validate_init(init: Any, where: str) -> dict[str, Any]:
     if "vary" in init:
         vary = init["vary"]
         if not isinstance(vary, Mapping) or set(vary) - set(DEFAULT_VARY):
-            raise TaskError(f"{where}.vary: must be a mapping with keys from {sorted(DEFAULT_VARY)}, got {vary!r}")
+            raise TaskError(f"{where}.vary: must be a mapping with keys from {sorted(DEFAULT_VARY)}, "
+                            f"got {vary!r}")
         for k, v in vary.items():
             if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= _VARY_MAX[k]:
                 raise TaskError(f"{where}.vary.{k}: must be a number in [0, {_VARY_MAX[k]}], got {v!r}")

@@ -12,7 +12,7 @@ def make_planner(c: Any) -> Any:
     from histeve_jax.harness.planners.rules import RulesPlanner
 
     if c.planner == "rules":
-        return RulesPlanner()
+        return RulesPlanner(unit_steps=bool(c.get("unit_steps", False)))
     if c.planner == "endpoint":
         from histeve_jax.harness.planners.openai import EndpointPlanner, EndpointSpec
 

@@ -9,6 +9,12 @@ requirements planning: consumers before producers, each production rounded up to
 first production whose inputs are all at hand is the next subtask, with ``count`` = the total to hold
 (clamped to the schema's maximum; the next plan goes on from there). Tools are not consumed: any pickaxe
 of the needed level in the inventory will do, else the cheapest is made. A smelt needs a placed furnace.
+
+``unit_steps``: each production asks for one run's output more than is held (one log, one dirt block, one
+craft; a smelt stays one batch, its fuel burnt per batch) instead of the whole total, and the next plan asks
+for the next: the unit each atomic task's demonstrations end at, so a trained policy is invoked on the
+skill it learnt (a policy that digs one dirt block and stops waits out a ``mine_dirt(count=3)`` budget, and
+is done with each ``count=1``).
 """
 
 from __future__ import annotations
@@ -152,6 +158,9 @@ class RulesPlanner:
 
     name = "rules"
 
+    def __init__(self, unit_steps: bool = False):
+        self.unit_steps = unit_steps
+
     def choose(self, ctx: PlanningContext) -> tuple[str, dict[str, Any]]:
         """(subtask name, parameters) for the context; ValueError when the rules find nothing to do."""
         info = ctx.info
@@ -181,6 +190,8 @@ class RulesPlanner:
                 return "place_dirt", {"count": placed + 1}  # placement counters are cumulative
             raise ValueError(f"no rule produces what is missing: {hold}")
         item, rule, total = step
+        if self.unit_steps and item not in SMELT:  # a smelt burns a fuel per batch: it stays one batch
+            total = min(total, stock.get(item, 0) + rule.per_run)
         schema = ctx.schemas.get(rule.subtask) or ctx.admissible.get(rule.subtask)
         params: dict[str, Any] = {}
         if schema is not None and "count" in schema.parameters:
