@@ -106,6 +106,11 @@ def test_a_start_spread_fills_in_the_defaults():
     assert craft["vary"]["yaw"] == 180.0 and craft["vary"]["pitch"] > 0 and craft["trees"] == mine["trees"]
 
 
+def test_an_unknown_gui_backdrop_is_refused_before_any_game_starts():
+    with pytest.raises(ValueError, match="gui_backdrop must be 'opaque' or 'game', got 'glass'"):
+        make("luanti", gui_backdrop="glass")
+
+
 def test_tasks_load_by_path_and_unknown_names_raise(tmp_path):
     p = tmp_path / "other.yaml"
     p.write_text(yaml.safe_dump(_task()))

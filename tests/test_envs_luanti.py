@@ -281,6 +281,25 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
     assert pitches[-1] - pitches[0] > 20 and max(yaws) - min(yaws) > 60, (pitches, yaws)
 
 
+def test_the_inventory_looks_the_same_from_every_start(env):
+    """The GUI backdrop is opaque (``gui_backdrop="opaque"``, the default): two craft_planks starts that
+    look different show the same inventory frame, pointer and all."""
+    env.randomize_init = True
+    try:
+        world, gui = [], []
+        for seed in (20, 21):
+            obs, info = env.reset(seed=seed, options={"task": "craft_planks"})
+            world.append(obs["image"].astype(np.int16))
+            env.step(_act(inventory=1))
+            obs, _, _, _, info = env.step(noop_action())
+            assert info["is_gui_open"]
+            gui.append(obs["image"].astype(np.int16))
+    finally:
+        env.randomize_init = False
+    assert np.abs(world[0] - world[1]).mean() > 10.0
+    assert np.abs(gui[0] - gui[1]).mean() < 1.0
+
+
 def test_killing_the_game_raises_and_the_next_reset_recovers(env):
     env.reset(options={"task": "mine_log"})
     game_pid, xvfb_pid = env.pids()

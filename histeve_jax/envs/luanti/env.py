@@ -120,6 +120,7 @@ class LuantiEnv(gym.Env):
         cursor_gap: int = 14,
         cursor_previous: bool = True,
         gui_sync_s: float = 1.0,
+        gui_backdrop: str = "opaque",
     ):
         if len(obs_size) != 2 or min(obs_size) < 1:
             raise ValueError(f"obs_size must be (H, W) with positive sizes, got {obs_size}")
@@ -140,6 +141,12 @@ class LuantiEnv(gym.Env):
         self.cursor_previous = bool(cursor_previous)  # cyan lines through last step's pointer (envs.cursor)
         self._last_cursor: tuple[float, float] | None = None  # the pointer of the last observation
         self.gui_sync_s = float(gui_sync_s)  # 0: return the frame 50 ms after the press, whatever it shows
+        if gui_backdrop not in ("opaque", "game"):
+            raise ValueError(f"gui_backdrop must be 'opaque' or 'game', got {gui_backdrop!r}")
+        # "opaque": the world behind a GUI is not drawn (the client dims it to 45% by default), so an
+        # inventory frame is the same wherever the player stood and looked when it opened; "game": the
+        # game's own translucent backdrop. A client setting: it takes effect when the game (re)starts.
+        self.gui_backdrop = gui_backdrop
         self.episode_task = self.task
         self.observation_space = spaces.Dict(
             {"image": spaces.Box(0, 255, (*self.obs_size, 3), dtype=np.uint8)})
@@ -165,8 +172,10 @@ class LuantiEnv(gym.Env):
     # ---------------------------------------------------------------- process lifecycle
 
     def _start(self) -> None:
+        backdrop = {"formspec_fullscreen_bg_opacity": "255"} if self.gui_backdrop == "opaque" else {}
         self.proc = LuantiProcess(fps_max=self.fps_max, viewing_range=self.viewing_range,
-                                  map_seed=self.map_seed, startup_timeout_s=self.startup_timeout_s)
+                                  map_seed=self.map_seed, startup_timeout_s=self.startup_timeout_s,
+                                  extra_config=backdrop)
         self.starts += 1
         deadline = time.monotonic() + self.startup_timeout_s
         while not self.proc.state_path.exists():

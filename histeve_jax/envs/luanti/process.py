@@ -184,6 +184,7 @@ class LuantiProcess:
         map_seed: int = 20240613,
         startup_timeout_s: float = 90.0,
         keep_dir: bool = False,
+        extra_config: dict[str, str] | None = None,
     ):
         if not os.access(MINETEST_BIN, os.X_OK):
             raise FileNotFoundError(f"minetest client not found at {MINETEST_BIN} (apt-get install minetest)")
@@ -207,8 +208,8 @@ class LuantiProcess:
         write_xauthority(self.xauthority, secrets.token_bytes(16))
         shutil.copytree(WORLD_TEMPLATE, self.world)
         shutil.copytree(MOD_DIR, self.world / "worldmods" / MOD_DIR.name)
-        self.config_path.write_text(
-            client_config(fps_max=fps_max, viewing_range=viewing_range, map_seed=map_seed))
+        self.config_path.write_text(client_config(fps_max=fps_max, viewing_range=viewing_range,
+                                                  map_seed=map_seed, extra=extra_config))
         try:
             self._start_xvfb(startup_timeout_s)
             self._start_game()
