@@ -48,8 +48,9 @@ class MineExpert(Expert):
             if self.face == "top":
                 yaw = yaw_pitch_to(self.eye(), (p[0], p[1] + 0.5, p[2]))[0]
                 d += TURN_COST * math.radians(abs(wrap_degrees(yaw - self.est_yaw)))
-            # prefer nodes at eye level for side faces, close ones first
-            d += 0.6 * abs(p[1] - eye_y + 0.5) if self.face == "side" else 0.0
+            # prefer the node at eye level for side faces (a trunk's second log: dug looking straight ahead,
+            # from wherever the player stands within reach), close ones first
+            d += 0.6 * abs(p[1] - eye_y) if self.face == "side" else 0.0
             if d < best_d:
                 best, best_d = tuple(int(v) for v in p), d
         return best
