@@ -78,6 +78,25 @@ def test_a_run_loads_from_its_workdir_and_pads_without_changing_actions(run_dir)
     assert [int(a.regime) for a in alone] == [0, 1]
 
 
+def test_a_jpeg_run_acts_on_what_its_training_frames_were(run_dir):
+    """The run's frames were stored as JPEG (``data.frame_format``): a live frame reaches the policy as its
+    JPEG round trip, the pixels a training window decodes; the inputs equal those of the decoded frame."""
+    import dataclasses
+
+    loaded = load_run(run_dir)
+    assert (loaded.frame_format, loaded.jpeg_quality) == ("jpeg", 95)
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)
+    stored = records_lib.decode_frame(records_lib.encode_frame(raw, "jpeg", 95))
+    assert np.abs(stored.astype(int) - raw).mean() > 1.0  # the codec is lossy on this frame
+    np.testing.assert_array_equal(loaded.through_codec(raw), stored)
+    text = "open the inventory and craft wooden planks"
+    live = loaded.inputs([([raw, raw], text)])["pixel_values"]
+    png = dataclasses.replace(loaded, frame_format="png")  # a lossless run: frames go in as they are
+    np.testing.assert_array_equal(live, png.inputs([([stored, stored], text)])["pixel_values"])
+    assert not np.array_equal(png.inputs([([raw, raw], text)])["pixel_values"], live)
+
+
 def test_bad_runs_are_one_clear_error(run_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_run(str(tmp_path))

@@ -57,6 +57,10 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.data.max_bad_fraction = 0.05
     c.data.min_samples_for_check = 64
     c.data.skip_null_actions = False  # leave no-op steps out of the demonstrations, as VPT does
+    # The frames' codec: recorded demonstrations are written with it, and the policy acts on live frames
+    # passed through it (JPEG's loss alone flipped a craft's move: the train/act gap, closed both ways).
+    c.data.frame_format = "jpeg"
+    c.data.jpeg_quality = 95
 
     # With no data.train_dirs, the run makes its own data under <workdir>/data: "record" plays the Luanti
     # game with the scripted experts (experiments.record; synthetic data when the game is not installed),

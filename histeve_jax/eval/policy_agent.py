@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from histeve_jax.data import records as records_lib
 from histeve_jax.data.pipeline import load_tokenizer_with_actions
 from histeve_jax.eval.report import action_text
 from histeve_jax.eval.rollout import Decision
@@ -61,13 +62,25 @@ class LoadedPolicy:
     id_map: np.ndarray | None
     history: int
     stride: int
+    frame_format: str = "png"  # the run's training frames' codec (``data.frame_format``); png: lossless
+    jpeg_quality: int = 95
 
     @property
     def config(self) -> Any:
         return self.policy.config
 
+    def through_codec(self, frame: np.ndarray) -> np.ndarray:
+        """``frame`` as the run's training frames were stored: a JPEG run acts on the JPEG round trip of
+        each live frame (on the raw frame one of its craft moves flipped, p 0.001 -> 0.999)."""
+        if self.frame_format == "jpeg":
+            return records_lib.decode_frame(records_lib.encode_frame(np.asarray(frame), "jpeg",
+                                                                     self.jpeg_quality))
+        return frame
+
     def inputs(self, observations: Sequence[Observation], batch: int | None = None) -> dict[str, np.ndarray]:
-        """Prompt inputs, rows padded to ``batch`` (repeating the last) and length to a bucket."""
+        """Prompt inputs (each frame through the run's codec), rows padded to ``batch`` (repeating the last)
+        and length to a bucket."""
+        observations = [([self.through_codec(f) for f in frames], text) for frames, text in observations]
         inputs = observation_inputs(self.config, self.processor, observations, id_map=self.id_map)
         ids, mask, pv = inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"]
         T = -(-ids.shape[1] // PROMPT_BUCKET) * PROMPT_BUCKET
@@ -112,6 +125,12 @@ def _run_config(workdir: str) -> Any:
         return ml_collections.ConfigDict(json.load(f))
 
 
+def frame_codec(workdir: str) -> tuple[str, int]:
+    """(frame format, JPEG quality) of a run's training frames: the codec its policy acts through."""
+    data = _run_config(workdir).get("data", {})
+    return str(data.get("frame_format", "jpeg")), int(data.get("jpeg_quality", 95))
+
+
 def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
     """The policy of a run's workdir at its latest checkpoint (or ``step``), ready to act."""
     spec = RunSpec.from_config(_run_config(workdir), workdir)
@@ -141,7 +160,8 @@ def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
         workdir=workdir, step=int(step), policy=policy, sampler=ActionSampler(policy),
         processor=policy_processor(policy.config, tok),
         id_map=None if cv is None else cv.table(len(policy.config.vocab.ids)),
-        history=policy.config.history_frames, stride=spec.data.stride)
+        history=policy.config.history_frames, stride=spec.data.stride,
+        frame_format=spec.data.frame_format, jpeg_quality=spec.data.jpeg_quality)
 
 
 class FrameHistory:

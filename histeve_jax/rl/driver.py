@@ -119,6 +119,7 @@ def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any,
     import ray
 
     from histeve_jax.eval.fleet import Fleet
+    from histeve_jax.eval.policy_agent import frame_codec
     from histeve_jax.rl.actors import GroupRunner
     from histeve_jax.rl.serving import ServerPool, ServerSpec
 
@@ -130,10 +131,12 @@ def run_actors(c: Any, rl: RLSpec, task: str, learner_dir: str, image_size: Any,
     try:
         pool = ServerPool(server_spec, c.start_run, learner_dir, games=c.instances,
                           temperature=rl.temperature)
-        # PNG frames: the learner must see exactly what the actor saw (JPEG's loss alone moves the tiny
-        # policy's log-probs by ~0.05, so the ratio to the recorded ones would not start at 1).
+        # The rollouts' frames in the policy's own codec: the learner must see exactly what the actor saw
+        # (JPEG's loss alone moves the tiny policy's log-probs by ~0.05, so the ratio to the recorded ones
+        # would not start at 1), and a JPEG run acts on each frame's JPEG round trip, the bytes stored.
+        fmt, quality = frame_codec(c.start_run)
         with Fleet(c.instances, {"obs_size": tuple(image_size), **dict(c.env)}, max_attempts=1,
-                   run_kwargs={"kind": "rl", "frame_format": "png"}) as fleet:
+                   run_kwargs={"kind": "rl", "frame_format": fmt, "jpeg_quality": quality}) as fleet:
             runner = GroupRunner(fleet, pool, pool.factory(), rl, task, seed=c.group_seed)
             if on_start is not None:
                 on_start(runner, pool)

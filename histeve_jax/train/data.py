@@ -59,6 +59,8 @@ def _recorded_dirs(spec: RunSpec) -> tuple[list[str], list[str]] | None:
                f"--workdir={os.path.join(root, 'record_run')}", f"--config.output_dir={out}",
                f"--config.episodes={rec.episodes}", f"--config.obs_size=({h}, {w})",
                f"--config.instances={rec.instances}",
+               f"--config.frame_format={spec.data.frame_format}",
+               f"--config.jpeg_quality={spec.data.jpeg_quality}",
                "--config.progress_bar=False"]
         logging.info("data: recording from the game: %s", " ".join(cmd))
         subprocess.run(cmd, check=True, timeout=rec.timeout_s, cwd=_REPO)

@@ -102,6 +102,10 @@ class DataSpec:
     min_samples_for_check: int
     generate: str  # "record" (the Luanti experts) or "synthetic"
     skip_null_actions: bool = False  # leave no-op steps out of the demonstrations (pipeline.FeatureSpec)
+    # The codec the run's training frames go through (the recorder writes them so); the policy acts on live
+    # frames passed through it too (eval.policy_agent.LoadedPolicy), so it sees what it was trained on.
+    frame_format: str = "jpeg"
+    jpeg_quality: int = 95
 
 
 @dataclasses.dataclass(frozen=True)
