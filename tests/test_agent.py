@@ -125,6 +125,31 @@ def test_an_invocation_whose_inputs_are_taken_ends_at_once_and_is_replanned(runs
     assert plans[:2] == ["craft_planks(count=4)", "mine_log(count=1)"], plans
 
 
+def test_the_detector_sees_each_frame_through_the_policys_codec(runs):
+    """The detector was trained on the recorded (JPEG) frames: in the loop it is asked about each live
+    frame's JPEG round trip, as the policy acts on it."""
+    import numpy as np
+
+    from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
+
+    policy, loaded, det, _ = runs
+    completion = load_detector_completion(det, loaded, policy, every=1)
+    raw = np.random.default_rng(2).integers(0, 256, (*loaded.config.image_size, 3), dtype=np.uint8)
+    subtask, info = load_schemas()["mine_log"].instantiate({}), {"is_gui_open": False}
+    completion.reset(subtask, {"image": raw}, info)
+    got = completion.probability({"image": raw}, info)
+
+    def alone(frame):
+        m = CompletionMonitor(completion.monitor.coupled, completion.monitor.inputs,
+                              MonitorOptions(threshold=2.0, every=1, consecutive=1))
+        m.reset(subtask.instruction, 0)
+        m.observe(frame)
+        return m.observe(frame).probability
+
+    assert got == pytest.approx(alone(loaded.through_codec(raw)), abs=1e-6)
+    assert got != alone(raw)
+
+
 @pytest.mark.game
 def test_an_invocation_that_finds_the_gui_open_closes_it_before_the_policy_acts(runs, env):
     """A craft ends once its output is in the inventory, GUI still open; the next invocation's policy was

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from histeve_jax.detector.inputs import QueryInputs
 from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
@@ -28,18 +31,20 @@ class DetectorCompletion:
     name = "detector"
 
     def __init__(self, coupled: Any, policy_config: Any, threshold: float, every: int = 2,
-                 tokenizer_path: str | None = None):
+                 tokenizer_path: str | None = None, codec: Callable[[np.ndarray], np.ndarray] | None = None):
         # The monitor never stops by itself (threshold above 1): the harness applies the rule.
         self.monitor = CompletionMonitor(coupled, QueryInputs(coupled.config, policy_config, tokenizer_path),
                                          MonitorOptions(threshold=2.0, every=every, consecutive=1))
         self.threshold = float(threshold)
+        # The frames' codec of the records it was trained on (the policy's: ``LoadedPolicy.through_codec``).
+        self.codec = codec or (lambda frame: frame)
 
     def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
         self.monitor.reset(subtask.instruction, int(bool(info.get("is_gui_open", False))))
-        self.monitor.observe(obs["image"], info)  # the invocation's first frame (step 0)
+        self.monitor.observe(self.codec(obs["image"]), info)  # the invocation's first frame (step 0)
 
     def probability(self, obs: dict, info: dict) -> float | None:
-        return self.monitor.observe(obs["image"], info).probability
+        return self.monitor.observe(self.codec(obs["image"]), info).probability
 
 
 def detector_threshold(report: dict[str, Any], path: str) -> float:
@@ -61,4 +66,4 @@ def load_detector_completion(detector_run: str, loaded: Any, policy_run: str, *,
     with open(os.path.join(detector_run, "config.json")) as f:  # the prompts' tokenizer, as it was trained
         tokenizer_path = (json.load(f).get("data") or {}).get("tokenizer_path") or None
     return DetectorCompletion(coupled, loaded.config, detector_threshold(report, detector_run), every,
-                              tokenizer_path)
+                              tokenizer_path, codec=loaded.through_codec)
