@@ -64,7 +64,7 @@ def test_reset_gives_the_task_initial_state(env):
 
 
 def test_forward_moves_the_player_along_its_yaw(env):
-    _, info0 = env.reset(options={"task": "craft_planks"})
+    _, info0 = env.reset(options={"task": "place_dirt"})  # an open field ahead (the crafts start by a tree)
     _, _, _, _, info = _steps(env, _act(forward=1), 20)
     _, _, _, _, info = _steps(env, noop_action(), 5)
     dz = info["pos"][2] - info0["pos"][2]
