@@ -18,7 +18,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.tasks = tuple(EXPERT_TASKS)  # on the command line: --config.tasks="('mine_log','craft_planks')"
     c.episodes = 10  # per task
     c.seed = 0  # episode i of a task resets with seed + i
-    c.randomize_init = True  # start pose drawn from the seed (+-0.25 blocks, +-15 degrees of yaw)
+    c.randomize_init = True  # start pose drawn from the seed within the task's init.vary
     c.obs_size = (224, 224)  # (H, W) of the stored frames
     c.frame_format = "jpeg"
     c.jpeg_quality = 95

@@ -62,8 +62,8 @@ class LoadedPolicy:
     id_map: np.ndarray | None
     history: int
     stride: int
-    frame_format: str = "png"  # the run's training frames' codec (``data.frame_format``); png: lossless
-    jpeg_quality: int = 95
+    frame_format: str  # the run's training frames' codec (``data.frame_format``): jpeg, or png (lossless)
+    jpeg_quality: int
 
     @property
     def config(self) -> Any:
@@ -127,8 +127,8 @@ def _run_config(workdir: str) -> Any:
 
 def frame_codec(workdir: str) -> tuple[str, int]:
     """(frame format, JPEG quality) of a run's training frames: the codec its policy acts through."""
-    data = _run_config(workdir).get("data", {})
-    return str(data.get("frame_format", "jpeg")), int(data.get("jpeg_quality", 95))
+    data = RunSpec.from_config(_run_config(workdir), workdir).data  # DataSpec's defaults for older runs
+    return data.frame_format, data.jpeg_quality
 
 
 def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
