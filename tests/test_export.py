@@ -21,7 +21,7 @@ from experiments.configs import imitation
 from histeve_jax.actions.codebook import Regime
 from histeve_jax.data import synthetic
 from histeve_jax.eval.policy_agent import load_run
-from histeve_jax.export import action_tables, export_policy
+from histeve_jax.export import ExportError, action_tables, export_policy
 from histeve_jax.export.__main__ import main as export_main
 from histeve_jax.train import loop
 from histeve_jax.train.specs import RunSpec
@@ -67,7 +67,8 @@ def loaded(run_dir):
 @pytest.fixture(scope="module")
 def exported(loaded, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("exported") / "policy")
-    export_policy(loaded.policy, loaded.processor.tokenizer, out, id_map=loaded.id_map, stride=loaded.stride,
+    export_policy(loaded.policy, loaded.processor.tokenizer, out, frame_format=loaded.frame_format,
+                  jpeg_quality=loaded.jpeg_quality, id_map=loaded.id_map, stride=loaded.stride,
                   max_shard_size="200KB", source={"run": loaded.workdir, "step": loaded.step})
     return out
 
@@ -91,7 +92,10 @@ def _observations(n, seed):
     obs = []
     for _ in range(n):
         h, w = (int(s) for s in rng.integers(40, 90, 2))  # resized to the policy's 56x56 by both sides
-        frames = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(2)]
+        # blocks of random colour (JPEG keeps them; it would smooth pixel noise to near grey, and a random
+        # tiny model's actions would hardly vary)
+        frames = [np.kron(rng.integers(0, 256, (-(-h // 8), -(-w // 8), 3)), np.ones((8, 8, 1)))[:h, :w]
+                  .astype(np.uint8) for _ in range(2)]
         obs.append((frames, " ".join(rng.choice(words, int(rng.integers(1, 6))))))
     return obs, rng.integers(0, 2, n).tolist()
 
@@ -136,6 +140,25 @@ def test_logits_match_ours(regimes, loaded, actor):
     with torch.no_grad():  # the regime matters: the other row gives other logits
         other = actor.model(**t_inp, regime=1 - torch.tensor(regimes)).logits.numpy()
     assert np.abs(other - theirs)[real].max() > 100 * np.abs(ours - theirs)[real].max()
+
+
+def test_the_actor_sees_each_frame_through_the_runs_codec(exported, loaded, actor):
+    """A JPEG-trained run acts on each frame's JPEG round trip (``LoadedPolicy.through_codec``); the export
+    records that codec and its actor applies it, so raw frames give the inputs ours give."""
+    table = json.load(open(os.path.join(exported, action_tables.ACTIONS_FILE)))
+    assert loaded.frame_format == "jpeg"
+    assert table["observation"]["frame_codec"] == {"format": "jpeg", "quality": loaded.jpeg_quality}
+    obs, _ = _observations(3, seed=4)
+    for frames, _text in obs:
+        for f in frames:
+            np.testing.assert_array_equal(actor.through_codec(f), loaded.through_codec(f))
+            assert not np.array_equal(actor.through_codec(f), f)  # it does change the frame
+    ours = loaded.inputs(obs)["pixel_values"]
+    theirs = actor.inputs(obs)["pixel_values"].numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-6)
+    with pytest.raises(ExportError, match="frame_format='webp'"):
+        export_policy(loaded.policy, loaded.processor.tokenizer, str(exported) + "-webp", frame_format="webp")
+    assert not os.path.exists(str(exported) + "-webp")
 
 
 def test_greedy_actions_equal_ours_for_100_observations(loaded, actor):
@@ -233,8 +256,8 @@ def test_bad_runs_are_one_line_naming_them_and_leave_nothing(run_dir, tmp_path, 
 
 def test_a_failure_while_writing_leaves_nothing_under_the_final_name(loaded, tmp_path):
     with pytest.raises(ValueError):  # fails inside the write (the shard size is parsed there)
-        export_policy(loaded.policy, loaded.processor.tokenizer, str(tmp_path / "c"), id_map=loaded.id_map,
-                      max_shard_size="12 parsecs")
+        export_policy(loaded.policy, loaded.processor.tokenizer, str(tmp_path / "c"), frame_format="jpeg",
+                      id_map=loaded.id_map, max_shard_size="12 parsecs")
     assert _leftovers(tmp_path, "c") == []
 
 
@@ -270,7 +293,8 @@ _MEMORY_SCRIPT = textwrap.dedent("""
     gc.collect()
     loaded = status("VmRSS:")
     open("/proc/self/clear_refs", "w").write("5")  # peak RSS (VmHWM) := current RSS
-    export_policy(policy, tok, sys.argv[1], id_map=CompactVocab().table(63), max_shard_size="64MB")
+    export_policy(policy, tok, sys.argv[1], frame_format="png", id_map=CompactVocab().table(63),
+                  max_shard_size="64MB")
     print(json.dumps({"model_bytes": model_bytes, "before": before, "loaded": loaded,
                       "peak": status("VmHWM:")}))
 """)

@@ -57,7 +57,8 @@ def main() -> None:
     ours = lambda: sampler.sample(processor, obs, regimes, key, id_map=id_map, greedy=True)[0].action
 
     with tempfile.TemporaryDirectory() as d:
-        out = export_policy(policy, tok, os.path.join(d, "policy"), id_map=id_map, stride=4)
+        out = export_policy(policy, tok, os.path.join(d, "policy"), frame_format="png", id_map=id_map,
+                            stride=4)
         sys.path.insert(0, out)  # as a deployment imports it (README, Deployment)
         from histeve_action import HiSteveActor
 

@@ -8,7 +8,9 @@ degrees from ``Codebook.undiscretize``; ``order``: its place in the fixed token 
 decode is a table lookup. It also names the
 grammar file (``action_grammar.npz``: ``allowed`` [S, V] bool and ``next_state`` [S, V] int32 from
 ``actions.grammar.build_grammar``, start state = regime, ``done`` absorbing), the id map file
-(``id_map.npy``, tokenizer id -> model id) or null, and the observation layout (frames, size, stride).
+(``id_map.npy``, tokenizer id -> model id) or null, and the observation layout (frames, size, stride,
+and the codec of the frames the policy was trained on: a JPEG-trained policy acts on each frame's JPEG
+round trip).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from histeve_jax.actions import grammar as grammar_lib
 from histeve_jax.actions.codebook import BUTTON_GROUPS, BUTTONS, CAMERA, INVENTORY, Regime
 from histeve_jax.actions.tokens import MOUSE_AXES, ActionVocab
+from histeve_jax.data.records import FRAME_FORMATS
 from histeve_jax.policy import PolicyConfig, grammar_of
 
 ACTIONS_FILE = "histeve_actions.json"
@@ -51,8 +54,11 @@ def _decode_entries(vocab: ActionVocab) -> list[dict[str, Any]]:
 
 
 def action_tables(config: PolicyConfig, tokenizer_vocab: ActionVocab, *, id_map: np.ndarray | None,
-                  stride: int) -> dict[str, Any]:
-    """The ``histeve_actions.json`` dict of a policy (module docstring)."""
+                  stride: int, frame_format: str, jpeg_quality: int = 95) -> dict[str, Any]:
+    """The ``histeve_actions.json`` dict of a policy (module docstring); ``frame_format``/``jpeg_quality``:
+    the run's ``data.frame_format``/``data.jpeg_quality`` (png: lossless, frames are used as they come)."""
+    if frame_format not in FRAME_FORMATS:
+        raise ValueError(f"frame_format must be one of {FRAME_FORMATS}, got {frame_format!r}")
     vocab = config.vocab
     cb = vocab.codebook
     tokens = []
@@ -73,7 +79,8 @@ def action_tables(config: PolicyConfig, tokenizer_vocab: ActionVocab, *, id_map:
         "id_map": None if id_map is None else ID_MAP_FILE,
         "model_vocab_size": config.vocab_size,
         "observation": {"history_frames": config.history_frames, "stride": int(stride),
-                        "image_size": list(config.image_size)},
+                        "image_size": list(config.image_size),
+                        "frame_codec": {"format": frame_format, "quality": int(jpeg_quality)}},
         "detector": None,  # the completion detector's sub-directory, once runs have one
     }
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from histeve_jax.data.records import FRAME_FORMATS
 from histeve_jax.export import action_tables, detector_export, hf_tensors
 
 MODELING_FILE = "modeling_histeve.py"
@@ -67,13 +68,16 @@ def hf_config(model_config: Any, *, dtype: str, histeve: dict[str, Any]) -> dict
     return cfg
 
 
-def export_policy(policy: Any, tokenizer: Any, out: str, *, id_map: np.ndarray | None = None,
-                  stride: int = 1, dtype: str | None = None, max_shard_size: int | str = "5GB",
+def export_policy(policy: Any, tokenizer: Any, out: str, *, frame_format: str, jpeg_quality: int = 95,
+                  id_map: np.ndarray | None = None, stride: int = 1, dtype: str | None = None,
+                  max_shard_size: int | str = "5GB",
                   overwrite: bool = False, source: dict[str, Any] | None = None,
                   detector: detector_export.DetectorRun | None = None) -> str:
     """Writes the exported directory of ``policy`` (a ``histeve_jax.policy.Policy``) to ``out``.
 
-    ``tokenizer``: the one the policy was trained with (action tokens added); ``id_map``: tokenizer id ->
+    ``tokenizer``: the one the policy was trained with (action tokens added); ``frame_format`` and
+    ``jpeg_quality``: the codec of its training frames (a run's ``data.frame_format``; the exported actor
+    passes each frame through it, as ``LoadedPolicy`` does, png: none); ``id_map``: tokenizer id ->
     model id for tiny models; ``dtype``: the weights' dtype (default: the parameters'); ``detector``: a
     detector run's detector that reads this policy (``detector_export.load_detector_run``). Returns ``out``.
     """
@@ -88,13 +92,16 @@ def export_policy(policy: Any, tokenizer: Any, out: str, *, id_map: np.ndarray |
     dtype = dtype or np.dtype(model_config.param_dtype).name
     if dtype not in DTYPES:
         raise ExportError(f"--dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    if frame_format not in FRAME_FORMATS:
+        raise ExportError(f"frame_format={frame_format!r}: expected one of {', '.join(FRAME_FORMATS)}")
     np_dtype = np.dtype(dtype) if dtype != "bfloat16" else np.dtype(_bfloat16())
     tok_vocab = ActionVocab.from_tokenizer(tokenizer, config.codebook)
     mapped = tok_vocab.ids if id_map is None else np.asarray(id_map)[tok_vocab.ids]
     if not np.array_equal(mapped, config.vocab.ids):
         raise ExportError(f"the tokenizer's action ids {tok_vocab.ids[:2].tolist()}.. map to "
                           f"{mapped[:2].tolist()}.., the policy's are {config.vocab.ids[:2].tolist()}..")
-    tables = action_tables.action_tables(config, tok_vocab, id_map=id_map, stride=stride)
+    tables = action_tables.action_tables(config, tok_vocab, id_map=id_map, stride=stride,
+                                         frame_format=frame_format, jpeg_quality=jpeg_quality)
     histeve = {"source": source or {}, "codebook": config.codebook, "actions": action_tables.ACTIONS_FILE,
                "action_module": ACTION_FILE}
     if detector is not None:
@@ -164,7 +171,7 @@ def export_run(run: str, out: str, *, step: int | None = None, dtype: str | None
         det = detector_export.load_detector_run(detector, loaded.policy, policy_run=run,
                                                 policy_step=loaded.step, policy_stride=loaded.stride,
                                                 step=detector_step)
-    return export_policy(loaded.policy, loaded.processor.tokenizer, out, id_map=loaded.id_map,
-                         stride=loaded.stride, dtype=dtype, max_shard_size=max_shard_size,
-                         overwrite=overwrite, source={"run": os.path.abspath(run), "step": loaded.step},
-                         detector=det)
+    return export_policy(loaded.policy, loaded.processor.tokenizer, out, frame_format=loaded.frame_format,
+                         jpeg_quality=loaded.jpeg_quality, id_map=loaded.id_map, stride=loaded.stride,
+                         dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite,
+                         source={"run": os.path.abspath(run), "step": loaded.step}, detector=det)

@@ -7,8 +7,10 @@ This file is copied into every exported directory; it needs torch, transformers,
     actor = HiSteveActor(export_dir)
     actions = actor.act([(frames, "chop a tree")], [info["is_gui_open"]])   # one env action per row
 
-* The prompt is the training prompt: one user turn with the frames (oldest first, each resized to the
-  policy's size with PIL bicubic) then the instruction, rendered by the directory's chat template,
+* The prompt is the training prompt: one user turn with the frames (oldest first, each through the codec
+  of the policy's training frames, ``observation.frame_codec``: a JPEG-trained policy sees each frame's
+  PIL JPEG round trip at the run's quality, as in training; then resized to the policy's size with PIL
+  bicubic) then the instruction, rendered by the directory's chat template,
   each ``<|image_pad|>`` expanded to its grid's tokens; tiny models' ids go through ``id_map.npy``.
 * ``ActionGrammarProcessor``: the action automaton (``action_grammar.npz``) as a ``LogitsProcessor``;
   each row starts in its regime's state and may only produce that regime's well-formed action.
@@ -19,6 +21,7 @@ This file is copied into every exported directory; it needs torch, transformers,
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import deque
@@ -166,11 +169,22 @@ class HiSteveActor:
         obs = self.table["observation"]
         self.history_frames, self.stride = obs["history_frames"], obs["stride"]
         self.image_size = tuple(obs["image_size"])
+        # directories exported before the codec was recorded: frames as they come
+        self.frame_codec = obs.get("frame_codec", {"format": "png", "quality": 95})
         self.end = self.table["end_model_id"]
         self.max_len = self.table["max_action_tokens"]
 
     def _model_ids(self, ids: np.ndarray) -> np.ndarray:
         return ids if self.id_map is None else self.id_map[ids]
+
+    def through_codec(self, frame: np.ndarray) -> np.ndarray:
+        """``frame`` as the policy's training frames were stored (JPEG round trip, or as it is)."""
+        if self.frame_codec["format"] != "jpeg":
+            return frame
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="JPEG", quality=int(self.frame_codec["quality"]))
+        with Image.open(io.BytesIO(buf.getvalue())) as im:
+            return np.asarray(im.convert("RGB"))
 
     def inputs(self, observations: Sequence[Observation]) -> dict[str, torch.Tensor]:
         """Left-padded model inputs for (frames, instruction) rows, as the policy saw them in training."""
@@ -181,7 +195,7 @@ class HiSteveActor:
                 raise ValueError(f"observation {i}: {len(row_frames)} frames, the policy takes "
                                  f"{self.history_frames + 1}")
             for j, f in enumerate(row_frames):
-                a = _rgb(f, f"observation {i} frame {j}")
+                a = self.through_codec(_rgb(f, f"observation {i} frame {j}"))
                 if a.shape[:2] != (h, w):
                     a = np.asarray(Image.fromarray(a).resize((w, h), resample=Image.BICUBIC))
                 frames.append(a)
