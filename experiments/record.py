@@ -77,6 +77,20 @@ def _results(cfg, specs):
                 want = next(order, None)
 
 
+def episodes_by_task(cfg) -> dict[str, int]:
+    """Episodes per task of cfg.tasks: cfg.episodes, except where cfg.task_episodes ("task=n,...") says."""
+    counts = {t: int(cfg.episodes) for t in cfg.tasks}
+    for item in filter(None, (p.strip() for p in str(cfg.get("task_episodes", "")).split(","))):
+        name, eq, n = item.partition("=")
+        if not eq or not n.strip().isdigit():
+            raise ValueError(f"--config.task_episodes: {item!r} is not task=episodes")
+        if name.strip() not in counts:
+            raise ValueError(f"--config.task_episodes: {name.strip()!r} is not one of the recorded tasks "
+                             f"{tuple(cfg.tasks)}")
+        counts[name.strip()] = int(n)
+    return counts
+
+
 def run(cfg, workdir: str) -> dict:
     """Record cfg.episodes episodes of each of cfg.tasks; returns the summary written to summary.json.
 
@@ -89,7 +103,8 @@ def run(cfg, workdir: str) -> dict:
     tasks = [load_task(n) for n in cfg.tasks]
     for t in tasks:
         expert_for(t)  # fail before starting the game if a task has no expert
-    specs = [(t.name, cfg.seed + i) for t in tasks for i in range(cfg.episodes)]
+    counts = episodes_by_task(cfg)
+    specs = [(t.name, cfg.seed + i) for t in tasks for i in range(counts[t.name])]
     stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}
     bar = tqdm(total=len(specs), disable=not cfg.progress_bar, desc="episodes")
@@ -107,11 +122,11 @@ def run(cfg, workdir: str) -> dict:
                 bar.update(1)
                 bar.set_postfix(task=result.task, success=f"{s['ok']}/{len(s['steps'])}")
         for name, s in stats.items():
-            summary["tasks"][name] = {"episodes": cfg.episodes, "successes": s["ok"], "kept": s["kept"],
+            summary["tasks"][name] = {"episodes": counts[name], "successes": s["ok"], "kept": s["kept"],
                                       "interrupted": s["interrupted"],
-                                      "success_rate": s["ok"] / max(cfg.episodes, 1),
+                                      "success_rate": s["ok"] / max(counts[name], 1),
                                       "mean_steps": float(np.mean(s["steps"])) if s["steps"] else 0.0}
-            logging.info("%s: %d/%d expert successes", name, s["ok"], cfg.episodes)
+            logging.info("%s: %d/%d expert successes", name, s["ok"], counts[name])
         summary["shards"] = w.paths
     finally:
         bar.close()

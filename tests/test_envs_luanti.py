@@ -281,6 +281,30 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
     assert pitches[-1] - pitches[0] > 20 and max(yaws) - min(yaws) > 60, (pitches, yaws)
 
 
+def test_mine_logs_starts_clear_the_trunks_and_some_trunks_miss_their_eye_level_log(env):
+    """mine_log's ``init.vary`` (anywhere within 9 blocks, ``gap`` 0.5): the game reports starts spread over
+    the arena, never inside a trunk, and trunks without the log at eye level (y 10) on some seeds only."""
+    task = load_task("mine_log")
+    trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
+    env.randomize_init = True
+    try:
+        starts = [env.reset(seed=s, options={"task": "mine_log"})[1] for s in range(30, 36)]
+    finally:
+        env.randomize_init = False
+    xs, gaps = [], []
+    for info in starts:
+        x, _, z = info["pos"]
+        xs.append(x)
+        assert abs(x) <= 9.05 and abs(z) <= 9.05, info["pos"]
+        assert all(max(abs(x - tx), abs(z - tz)) >= 0.95 for tx, tz in trunks), info["pos"]
+        logs = {tuple(p) for n, p in info["nearby"] if n == "default:tree"}
+        assert all(abs(p[0]) <= 12 and abs(p[2]) <= 12 for p in logs)  # the arena's only (it is reset)
+        assert all((tx, 9, tz) in logs and (tx, 11, tz) in logs for tx, tz in trunks)  # each trunk stands
+        gaps.append(sum((tx, 10, tz) not in logs for tx, tz in trunks))
+    assert max(xs) - min(xs) > 6, xs
+    assert 0 < sum(gaps) < 3 * len(starts), gaps  # some trunks chopped once, not all
+
+
 def test_the_inventory_looks_the_same_from_every_start(env):
     """The GUI backdrop is opaque (``gui_backdrop="opaque"``, the default): two craft_planks starts that
     look different show the same inventory frame, pointer and all."""

@@ -16,10 +16,12 @@ def test_record_writes_episodes_with_regime_cursor_events_and_subtasks(tmp_path)
     cfg = get_config("tiny")
     cfg.tasks = ("craft_planks", "place_dirt")
     cfg.episodes = 1
+    cfg.task_episodes = "place_dirt=2"
     cfg.obs_size = (32, 48)
     cfg.progress_bar = False
     summary = run(cfg, str(tmp_path))
     assert summary["tasks"]["craft_planks"]["successes"] == 1
+    assert summary["tasks"]["place_dirt"]["episodes"] == 2
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["tasks"].keys() == {"craft_planks", "place_dirt"}
     assert (tmp_path / "config.json").exists()
@@ -27,7 +29,8 @@ def test_record_writes_episodes_with_regime_cursor_events_and_subtasks(tmp_path)
     episodes = {}
     for r in records:
         episodes.setdefault(r.episode_id, []).append(r)
-    assert len(episodes) == 2
+    assert len(episodes) == 3
+    assert sorted(e[0].task_id for e in episodes.values()) == ["craft_planks", "place_dirt", "place_dirt"]
     for eps in episodes.values():
         assert [r.step for r in eps] == list(range(len(eps)))
         assert eps[-1].done and not any(r.done for r in eps[:-1])
@@ -47,3 +50,13 @@ def test_record_writes_episodes_with_regime_cursor_events_and_subtasks(tmp_path)
     # the cursor moves as the camera actions say while the GUI is open
     moved = [(a, b) for a, b in zip(gui, gui[1:], strict=False) if any(a.action["camera"])]
     assert moved and any(np.abs(np.subtract(b.cursor, a.cursor)).sum() > 0 for a, b in moved)
+
+
+@pytest.mark.parametrize("bad, message", [("mine_log=4", "'mine_log' is not one of the recorded tasks"),
+                                          ("place_dirt:4", "'place_dirt:4' is not task=episodes")])
+def test_per_task_episodes_name_recorded_tasks(tmp_path, bad, message):
+    cfg = get_config("tiny")
+    cfg.task_episodes = bad
+    with pytest.raises(ValueError, match=message):
+        run(cfg, str(tmp_path))
+    assert not (tmp_path / "records").exists()  # refused before any game or shard

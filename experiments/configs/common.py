@@ -70,6 +70,7 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.record.variant = "tiny"  # experiments/configs/record.py:<variant> (tiny: craft_planks, place_dirt)
     c.record.episodes = 3  # per task; the last episode of each task is the eval split
     c.record.instances = 1  # games recording in parallel
+    c.record.task_episodes = ""  # per-task exceptions to `episodes`: "mine_log=48"
     c.record.timeout_s = 600
 
     c.synthetic = ml_collections.ConfigDict()

@@ -65,6 +65,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # every main task, and at 240 steps it would double the evaluation's time).
         c.workdir = "/tmp/histeve_runs/imitation_pickaxe"
         c.record.variant = "pickaxe"
+        c.record.task_episodes = "mine_log=48"  # record.py:pickaxe's: mine_log starts anywhere now
+        c.record.timeout_s = 1200  # 144 episodes on 2 games
         c.num_train_steps = 6000
         c.eval_every = 2000
         c.checkpoint_every = 2000

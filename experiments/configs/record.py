@@ -12,11 +12,13 @@ from histeve_jax.envs.experts import EXPERT_TASKS
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    """Fields: backend, tasks, episodes (per task), obs size, frame format, output dir, env knobs."""
+    """Fields: backend, tasks, episodes (per task, with per-task exceptions), obs size, frame format,
+    output dir, env knobs."""
     c = ml_collections.ConfigDict()
     c.backend = "luanti"
     c.tasks = tuple(EXPERT_TASKS)  # on the command line: --config.tasks="('mine_log','craft_planks')"
     c.episodes = 10  # per task
+    c.task_episodes = ""  # per-task exceptions to `episodes`: "mine_log=48,craft_sticks=20"
     c.seed = 0  # episode i of a task resets with seed + i
     c.randomize_init = True  # start pose drawn from the seed within the task's init.vary
     c.obs_size = (224, 224)  # (H, W) of the stored frames
@@ -47,6 +49,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
         c.tasks = PICKAXE_TASKS
         c.episodes = 16
+        # mine_log starts anywhere in the arena (its task's init.vary): every wooden_pickaxe episode needs
+        # it twice, from wherever the harness left the player
+        c.task_episodes = "mine_log=48"
         c.obs_size = (112, 196)
         c.instances = 2
     elif arg:

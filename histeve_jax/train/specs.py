@@ -114,6 +114,7 @@ class RecordSpec:
     episodes: int  # per task
     instances: int  # games recording in parallel
     timeout_s: float
+    task_episodes: str = ""  # per-task exceptions to `episodes` ("mine_log=48"; record.py's field)
 
 
 @dataclasses.dataclass(frozen=True)

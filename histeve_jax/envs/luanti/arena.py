@@ -15,6 +15,9 @@ ARENA_RADIUS = 12
 GROUND_Y = 8  # top of the grass; a standing player's feet are at GROUND_Y + 0.5
 AIR_TOP = 30
 DEFAULT_POS = (0.0, GROUND_Y + 0.5, 0.0)
+# The trunk's log at a standing player's eye level (eyes 1.47 above feet at GROUND_Y + 0.5: y = 9.97), counted
+# from the trunk's base (GROUND_Y + 1): the one a chop takes first.
+EYE_LOG = 1
 WATCHED_NODES = (
     "default:tree", "default:stone", "default:dirt_with_grass", "default:stone_with_iron",
     "default:stone_with_coal", "default:furnace", "default:goldblock",
@@ -74,7 +77,8 @@ def reset_ops(task: Task) -> list[dict[str, Any]]:
         {"op": "time", "value": float(init.get("time_of_day", 0.5))},
         {"op": "set_hp", "value": int(init.get("hp", 20))},
         {"op": "set_breath", "value": 11},
-        {"op": "watch", "names": list(WATCHED_NODES), "radius": r + 4, "min_y": g},
+        # only the arena's nodes: the world outside is not reset, so a node dug there stays dug
+        {"op": "watch", "names": list(WATCHED_NODES), "radius": r + 4, "min_y": g, "bound": r},
         {"op": "reset_events"},
     ]
     return ops

@@ -62,7 +62,7 @@ from histeve_jax.envs.base import (
     wrap_degrees,
 )
 from histeve_jax.envs.cursor import draw_cursor
-from histeve_jax.envs.luanti.arena import DEFAULT_POS, reset_ops
+from histeve_jax.envs.luanti.arena import DEFAULT_POS, EYE_LOG, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
@@ -402,8 +402,9 @@ class LuantiEnv(gym.Env):
 
         options: {"task": name or Task}. A dead or hung game is restarted here. The world is fixed, so two
         resets of a task give the same state; with ``randomize_init`` the start position and look are drawn
-        from the seed within the task's ``init.vary`` (default +-0.25 blocks, +-15 degrees of yaw), so
-        (seed, task) still fixes the initial state.
+        from the seed within the task's ``init.vary`` (default +-0.25 blocks, +-15 degrees of yaw; never
+        inside a trunk; ``gap``: each tree's chance to start without its eye-level log), so (seed, task)
+        still fixes the initial state.
         """
         super().reset(seed=seed)
         options = options or {}
@@ -415,12 +416,24 @@ class LuantiEnv(gym.Env):
             init = dict(self.task.init)
             vary = init.get("vary", DEFAULT_VARY)
             x, y, z = init.get("pos", DEFAULT_POS)
-            dx, dz = self.np_random.uniform(-vary["pos"], vary["pos"], size=2)
+            trunks = [(t["pos"][0], t["pos"][2]) for t in init.get("trees") or []]
+            for _ in range(100):  # never inside (or rubbing) a trunk: +-0.5 node, +-0.3 player, a margin
+                dx, dz = self.np_random.uniform(-vary["pos"], vary["pos"], size=2)
+                if all(max(abs(x + dx - tx), abs(z + dz - tz)) >= 1.0 for tx, tz in trunks):
+                    break
+            else:
+                raise ValueError(f"task {self.task.name}: no start within init.vary.pos={vary['pos']} of "
+                                 f"{init.get('pos', DEFAULT_POS)} clears its trees")
             init["pos"] = [float(x + dx), float(y), float(z + dz)]
             init["yaw"] = float(init.get("yaw", 0.0) + self.np_random.uniform(-vary["yaw"], vary["yaw"]))
             if vary["pitch"]:  # drawn only where asked: the other tasks' starts stay what their seeds gave
                 pitch = init.get("pitch", 0.0) + self.np_random.uniform(-vary["pitch"], vary["pitch"])
                 init["pitch"] = float(np.clip(pitch, -89.5, 89.5))
+            if vary["gap"]:  # some trunks start with their eye-level log dug, as a chop leaves them
+                gone = self.np_random.random(len(trunks)) < vary["gap"]
+                init["nodes"] = list(init.get("nodes") or []) + [
+                    {"pos": [int(t["pos"][0]), int(t["pos"][1]) + EYE_LOG, int(t["pos"][2])], "name": "air"}
+                    for t, g in zip(init.get("trees") or [], gone, strict=True) if g]
             self.episode_task = dataclasses.replace(self.task, init=init)
         if self.proc is not None:
             try:

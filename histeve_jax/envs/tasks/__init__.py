@@ -16,8 +16,10 @@ A task file holds::
       trees: [{pos: [0, 9, 3], height: 4}]                         # trunk base, leaves on top
       nodes: [{pos: [2, 9, 0], name: default:stone}]
       fills: [{pos1: [..], pos2: [..], name: default:stone}]
-      vary: {pos: 0.25, yaw: 15, pitch: 0}   # the start's spread where the env randomizes it (defaults):
-                                             # +- blocks on x and z, +- degrees about yaw and pitch
+      vary: {pos: 0.25, yaw: 15, pitch: 0, gap: 0}   # the start's spread where the env randomizes it
+                                 # (defaults): +- blocks on x and z (never inside a trunk), +- degrees about
+                                 # yaw and pitch, and the chance that each tree starts with its eye-level log
+                                 # already dug (the trunk a chop leaves)
     success: {inventory: {default:tree: ">=1"}}
     subgoals:                      # optional, in order: progress checks for long-horizon tasks
       - {name: logs, check: {inventory: {default:tree: ">=3"}}}
@@ -151,8 +153,8 @@ def _name(v: Any, where: str) -> None:
 _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", "nodes", "fills", "vary"}
 # The spread of a randomized start (``LuantiEnv(randomize_init=True)``) where ``init.vary`` does not say:
 # +- blocks on x and z, +- degrees of yaw and of pitch.
-DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0}
-_VARY_MAX = {"pos": 3.0, "yaw": 180.0, "pitch": 89.5}
+DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0}
+_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0}
 
 
 def _validate_init(init: Any, where: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ local pending = nil          -- {id=, ops=, i=, waiting=} while a command list r
 local watch_names = {}
 local watch_radius = 8
 local watch_min_y = nil      -- nodes below this y are not reported (the arena's buried layers)
+local watch_bound = nil      -- nodes with |x| or |z| above this are not reported (outside the arena)
 local nearby = {}
 local errors = {}
 
@@ -259,6 +260,7 @@ ops.watch = function(_, op)
 	watch_names = op.names or {}
 	watch_radius = op.radius or 8
 	watch_min_y = op.min_y
+	watch_bound = op.bound
 	nearby = {}
 end
 
@@ -319,10 +321,15 @@ end
 local function update_nearby(pos)
 	nearby = {}
 	local r = watch_radius
-	local lo = vector.subtract(pos, r)
+	local lo, hi = vector.subtract(pos, r), vector.add(pos, r)
 	if watch_min_y and lo.y < watch_min_y then lo.y = watch_min_y end
+	if watch_bound then
+		lo.x, lo.z = math.max(lo.x, -watch_bound), math.max(lo.z, -watch_bound)
+		hi.x, hi.z = math.min(hi.x, watch_bound), math.min(hi.z, watch_bound)
+		if lo.x > hi.x or lo.z > hi.z then return end
+	end
 	for _, name in ipairs(watch_names) do
-		local found = minetest.find_nodes_in_area(lo, vector.add(pos, r), {name})
+		local found = minetest.find_nodes_in_area(lo, hi, {name})
 		table.sort(found, function(a, b) return vector.distance(a, pos) < vector.distance(b, pos) end)
 		for i = 1, math.min(#found, 24) do
 			local p = found[i]
