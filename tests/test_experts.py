@@ -140,15 +140,18 @@ def test_mine_dirt_digs_the_ground_ahead(env):
 
 @pytest.mark.game
 def test_mine_log_digs_the_log_at_eye_level(env):
-    """The log the expert digs is the trunk's node around the eye (y = 10 with feet at 8.5), looked at level:
-    a policy that stops short of the expert's spot still has the trunk under the crosshair, where the base
-    log (looked at 45 degrees down) left it the ground in front (11 of 13 failures of a run)."""
+    """The log the expert digs is the trunk's node around the eye (y = 10 with feet at 8.5), looked at level,
+    or the one above it where that one is gone, never the base: a policy that stops short of the expert's
+    spot still has the trunk under the crosshair, where the base log (looked at 45 degrees down) left it the
+    ground in front (11 of 13 failures of a run). From mine_log's randomized starts (anywhere, some trunks
+    missing their eye-level log)."""
     task = load_task("mine_log")
-    for seed in (0, 1):
+    for seed in (0, 1, 2, 3):
         _, info = env.reset(seed=seed, options={"task": task})
         expert = expert_for(task)
         expert.reset(info)
-        assert expert.target() == (0, 10, 3)  # the first trunk's second log: the node around the eye
+        target = expert.target()
+        assert target is not None and target[1] >= 10, target  # at or above the eye, never the base (9)
         pitches = []
         for _ in range(task.max_steps):
             action, subtask = expert.act(info)
@@ -158,7 +161,7 @@ def test_mine_log_digs_the_log_at_eye_level(env):
             if terminated or truncated:
                 break
         assert info["success"], f"seed {seed}: inventory {info['inventory']}"
-        assert pitches and max(abs(p) for p in pitches) < 10, pitches
+        assert pitches and max(pitches) < 10, pitches  # never looking down at the grass by the trunk
 
 
 @pytest.mark.parametrize("hotbar_full", [False, True])

@@ -49,8 +49,11 @@ class MineExpert(Expert):
                 yaw = yaw_pitch_to(self.eye(), (p[0], p[1] + 0.5, p[2]))[0]
                 d += TURN_COST * math.radians(abs(wrap_degrees(yaw - self.est_yaw)))
             # prefer the node at eye level for side faces (a trunk's second log: dug looking straight ahead,
-            # from wherever the player stands within reach), close ones first
-            d += 0.6 * abs(p[1] - eye_y) if self.face == "side" else 0.0
+            # from wherever the player stands within reach), close ones first; below eye level last: a trunk's
+            # base is dug looking down at the grass beside it, which a policy could not tell from the log (a
+            # trunk missing its eye-level log is chopped above it)
+            if self.face == "side":
+                d += 0.6 * abs(p[1] - eye_y) + (1.5 if p[1] < eye_y - 0.5 else 0.0)
             if d < best_d:
                 best, best_d = tuple(int(v) for v in p), d
         return best
