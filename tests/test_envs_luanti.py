@@ -252,14 +252,18 @@ def test_two_resets_give_the_same_state(env):
 def test_randomized_init_is_a_function_of_the_seed(env):
     env.randomize_init = True
     try:
-        _, a = env.reset(seed=11, options={"task": "mine_log"})
-        _, b = env.reset(seed=12, options={"task": "mine_log"})
-        _, c = env.reset(seed=11, options={"task": "mine_log"})
+        _, a = env.reset(seed=11, options={"task": "place_dirt"})
+        _, b = env.reset(seed=12, options={"task": "place_dirt"})
+        _, c = env.reset(seed=11, options={"task": "place_dirt"})
+        _, d = env.reset(seed=11, options={"task": "mine_log"})  # its spread: pitch and gapped trunks too
+        _, e = env.reset(seed=11, options={"task": "mine_log"})
     finally:
         env.randomize_init = False
     assert a["pos"] == c["pos"] and a["yaw"] == pytest.approx(c["yaw"], abs=1e-6)
     assert a["pos"] != b["pos"]
-    assert a["pitch"] == b["pitch"] == pytest.approx(0.0, abs=0.5)  # mine_log's spread has no pitch
+    assert a["pitch"] == b["pitch"] == pytest.approx(0.0, abs=0.5)  # place_dirt's spread has no pitch
+    assert d["pos"] == e["pos"] and d["pitch"] == pytest.approx(e["pitch"], abs=1e-6)
+    assert sorted(d["nearby"]) == sorted(e["nearby"])
 
 
 def test_a_task_spread_draws_the_look_the_game_then_holds(env):
