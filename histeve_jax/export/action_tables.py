@@ -22,7 +22,6 @@ import numpy as np
 from histeve_jax.actions import grammar as grammar_lib
 from histeve_jax.actions.codebook import BUTTON_GROUPS, BUTTONS, CAMERA, INVENTORY, Regime
 from histeve_jax.actions.tokens import MOUSE_AXES, ActionVocab
-from histeve_jax.data.records import FRAME_FORMATS
 from histeve_jax.policy import PolicyConfig, grammar_of
 
 ACTIONS_FILE = "histeve_actions.json"
@@ -56,9 +55,8 @@ def _decode_entries(vocab: ActionVocab) -> list[dict[str, Any]]:
 def action_tables(config: PolicyConfig, tokenizer_vocab: ActionVocab, *, id_map: np.ndarray | None,
                   stride: int, frame_format: str, jpeg_quality: int = 95) -> dict[str, Any]:
     """The ``histeve_actions.json`` dict of a policy (module docstring); ``frame_format``/``jpeg_quality``:
-    the run's ``data.frame_format``/``data.jpeg_quality`` (png: lossless, frames are used as they come)."""
-    if frame_format not in FRAME_FORMATS:
-        raise ValueError(f"frame_format must be one of {FRAME_FORMATS}, got {frame_format!r}")
+    the run's ``data.frame_format``/``data.jpeg_quality`` (png: lossless, frames are used as they come;
+    ``export_policy`` checks the format)."""
     vocab = config.vocab
     cb = vocab.codebook
     tokens = []
