@@ -23,7 +23,7 @@ from histeve_jax.envs.tasks import load_task
 from histeve_jax.eval.policy_agent import load_run
 from histeve_jax.eval.rollout import run_episode
 from histeve_jax.harness.completion import load_detector_completion
-from histeve_jax.harness.controller import HarnessAgent
+from histeve_jax.harness.controller import HarnessAgent, HarnessSpec
 from histeve_jax.harness.executors import ExpertExecutor, PolicyExecutor
 from histeve_jax.harness.inject import FailureInjector
 from histeve_jax.harness.memory import ProceduralMemory
@@ -73,7 +73,9 @@ def test_the_detector_ends_each_invocation_on_its_second_query_at_the_loop_thres
     every = 2
     completion = load_detector_completion(det, loaded, policy, every=every)
     assert completion.threshold == LOOP_THRESHOLD  # the run's loop threshold, not its F1 threshold
-    agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), completion=completion)
+    # The paper's bare rule (no rearming after an early handoff: the next test covers that).
+    agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), HarnessSpec(rearm=False),
+                         completion=completion)
     res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=20)
     assert not res.interrupted, res.error
     episodic = agent.memory.to_json()["episodic"]
@@ -92,6 +94,50 @@ def test_the_detector_ends_each_invocation_on_its_second_query_at_the_loop_thres
     assert len(series) == agent.t and [p is None for p in series[:4]] == [True, False, True, False]
     assert all(0.0 <= p <= 1.0 for p in series if p is not None)
     assert sum(p is not None for p in series) >= 2 * len(ended)
+
+
+@pytest.mark.game
+def test_after_an_early_handoff_the_detector_stops_that_subtask_again_only_once_it_reads_under(runs, env):
+    """``HarnessSpec.rearm`` (the default): a subtask the detector stopped early is not stopped by it again
+    until a query reads under the threshold. At threshold 0 no query ever does: the first mine_log is
+    stopped at its second query, every later one runs on (here to the episode's end). At the median of the
+    probabilities the bare rule saw, queries fall on both sides: every stop after an early one comes after
+    a rearming query of that subtask, and none between."""
+    policy, loaded, det, _ = runs
+    completion = load_detector_completion(det, loaded, policy, every=2)
+    agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), completion=completion)
+    res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=20)
+    assert not res.interrupted, res.error
+    stops = [e for e in agent.events if e["kind"] == "completion"]
+    assert len(stops) == 1, agent.events
+    assert not stops[0]["payload"]["check_holds"] and stops[0]["payload"]["disarmed_until_under_threshold"]
+    assert not [e for e in agent.events if e["kind"] == "rearm"]
+    assert agent.t == 20 and agent.current.label == "mine_log(count=1)", agent.events
+    # The disarmed invocations were queried all along (every probability over the threshold of 0).
+    assert sum(p is not None for p in agent.series["completion"][stops[0]["step"]:]) >= 5
+
+    bare = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), HarnessSpec(rearm=False),
+                        completion=completion)
+    run_episode(env, load_task("wooden_pickaxe"), 1001, bare, max_steps=40)
+    probs = sorted(p for p in bare.series["completion"] if p is not None)
+    completion.threshold = probs[len(probs) // 2]
+    agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), completion=completion)
+    res = run_episode(env, load_task("wooden_pickaxe"), 1001, agent, max_steps=80)
+    assert not res.interrupted, res.error
+    disarmed: set[str] = set()
+    early = 0
+    for e in agent.events:
+        label = e["title"].split(" ", 2)[-1]  # "<signal> stops <label>" / "<signal> rearmed for <label>"
+        if e["kind"] == "completion":
+            assert label not in disarmed, (e, agent.events)
+            if e["payload"]["disarmed_until_under_threshold"]:
+                disarmed.add(label)
+                early += 1
+        elif e["kind"] == "rearm":
+            label = e["title"].split(" rearmed for ", 1)[1]
+            assert label in disarmed and e["payload"]["probability"] < completion.threshold, e
+            disarmed.discard(label)
+    assert early >= 1, agent.events
 
 
 @pytest.mark.game

@@ -2,11 +2,11 @@
 recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any agent.
 
 Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
-``consecutive`` queries in a row, the paper's detector rule), one of the subtask's unrecoverable failure
-conditions holds for ``failure_patience`` steps (its inputs are gone: a policy would otherwise spend the
-whole budget on it), the
-subtask's step budget is spent, the executor stops or gives up, or the visual state jumps
-(``verify.ChangeMonitor``). The completion signal is
+``consecutive`` queries in a row, the paper's detector rule; with ``rearm``, a subtask whose last stop by the
+signal was early is not stopped by it again until one of its queries reads under the threshold), one of the
+subtask's unrecoverable failure conditions holds for ``failure_patience`` steps (its inputs are gone: a
+policy would otherwise spend the whole budget on it), the subtask's step budget is spent, the executor stops
+or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is
 a hook (``CompletionSignal``): ``harness.completion.DetectorCompletion`` is the trained detector coupled to
 the policy (queried every k steps on the subtask's instruction, at its run's loop threshold);
 ``PrivilegedCompletion`` reports the subtask's privileged completion check as probability 0 or 1 at every
@@ -75,6 +75,12 @@ class HarnessSpec:
     recent_frames: int = 4  # O_j: frames the planner sees
     failure_patience: int = 20  # steps an unrecoverable failure condition must hold to end an invocation
     visual_jump: float = VISUAL_JUMP
+    # After an early handoff (the signal stopped a subtask whose check did not hold), that subtask's next
+    # invocations may be stopped by the signal only after one of its queries reads under the threshold.
+    # The view that fooled the detector is usually still there (a chopped trunk after the log was taken):
+    # without this, each retry was stopped at its second query, 3 steps in (24 of 28 invocations in one
+    # wooden_pickaxe episode), and the episode's steps ran out in replanning. False: the paper's bare rule.
+    rearm: bool = True
 
 
 class HarnessAgent:
@@ -105,6 +111,7 @@ class HarnessAgent:
                        "replans": 0, "advances": 0, "early_handoffs": 0}
         self.planner_cost = {"seconds": 0.0, "prompt_tokens": 0, "completion_tokens": 0}
         self.handoff_delays: list[int] = []  # steps from the check holding to the signal's stop
+        self.disarmed: set[str] = set()  # subtask labels whose last stop by the signal was early (``rearm``)
         self.memory.world.observe(info, 0)
         self._observe(info)
 
@@ -164,6 +171,7 @@ class HarnessAgent:
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
         self.done_at: int | None = 0 if subtask.is_complete(info) else None  # inv step its check first held
         self.failing_for = 0  # steps an unrecoverable failure condition has held in a row
+        self.armed = subtask.label not in self.disarmed  # whether the signal may stop this invocation
         self.last_action = None
         self.before = self.memory.working.snapshot()
         self.monitor = ChangeMonitor(self.spec.visual_jump)
@@ -176,14 +184,18 @@ class HarnessAgent:
     def _end(self, obs: dict, info: dict, ended_by: str, error: str = "") -> None:
         sub = self.current
         if ended_by == "detector":  # early: the check does not hold; late: it held steps before the stop
-            if self.done_at is None or not sub.is_complete(info):
+            early = self.done_at is None or not sub.is_complete(info)
+            if early:
                 self.counts["early_handoffs"] += 1
+                if self.spec.rearm:
+                    self.disarmed.add(sub.label)
             else:
                 self.handoff_delays.append(self.inv_steps - self.done_at)
             self._event("completion", f"{self.completion.name} stops {sub.label}", {
                 "step": self.t, "threshold": self.completion.threshold, "consecutive": self.spec.consecutive,
                 "check_held_since": None if self.done_at is None else self.inv_start + self.done_at,
-                "check_holds": bool(sub.is_complete(info))})
+                "check_holds": bool(sub.is_complete(info)),
+                "disarmed_until_under_threshold": bool(early and self.spec.rearm)})
         verdict = verify(sub, self.inv_info, info, ended_by=ended_by, monitor=self.monitor, error=error)
         decision = decide(verdict, self.recoveries, self.spec.max_recoveries)
         self.memory.world.observe(info, self.t, label=sub.label)
@@ -229,7 +241,13 @@ class HarnessAgent:
         p = self.completion.probability(obs, info)
         self.series["completion"].append(None if p is None else float(p))
         if p is not None:
-            self.over = self.over + 1 if p >= self.completion.threshold else 0
+            under = p < self.completion.threshold
+            if not self.armed and under:  # the view no longer reads as done: the rule applies again
+                self.armed = True
+                self.disarmed.discard(self.current.label)
+                self._event("rearm", f"{self.completion.name} rearmed for {self.current.label}", {
+                    "step": self.t, "probability": float(p), "threshold": self.completion.threshold})
+            self.over = 0 if under or not self.armed else self.over + 1
         if self.over >= self.spec.consecutive:
             return "detector"
         if self._failing(info):
