@@ -90,6 +90,7 @@ def _task(**over):
     ({"init": {"vary": {"roll": 5}}}, r"init\.vary: must be a mapping with keys from"),
     ({"init": {"vary": {"pitch": 100}}}, r"init\.vary\.pitch: must be a number in \[0, 89\.5\]"),
     ({"init": {"vary": {"yaw": -1}}}, r"init\.vary\.yaw"),
+    ({"init": {"vary": {"beside": 1.5}}}, r"init\.vary\.beside: must be a number in \[0, 1\.0\]"),
     ({"colour": 1}, r"unknown key"),
 ])
 def test_bad_task_files_raise_naming_the_key(over, msg):
@@ -99,13 +100,15 @@ def test_bad_task_files_raise_naming_the_key(over, msg):
 
 def test_a_start_spread_fills_in_the_defaults():
     assert task_from_dict(_task(init={"vary": {"yaw": 180}})).init["vary"] == {"pos": 0.25, "yaw": 180.0,
-                                                                              "pitch": 0.0, "gap": 0.0}
+                                                                              "pitch": 0.0, "gap": 0.0,
+                                                                              "beside": 0.0}
     assert "vary" not in task_from_dict(_task()).init
     # The crafts start anywhere in mine_log's arena, looking anywhere (wooden_pickaxe hands them that view).
     craft, mine = load_task("craft_planks").init, load_task("mine_log").init
     assert craft["vary"]["yaw"] == 180.0 and craft["vary"]["pitch"] > 0 and craft["trees"] == mine["trees"]
     # mine_log from anywhere in the arena (a failure teleports the player), some trunks already chopped once
     assert mine["vary"]["pos"] >= 8 and mine["vary"]["yaw"] == 180.0 and 0 < mine["vary"]["gap"] < 1
+    assert 0 < mine["vary"]["beside"] < 1  # and some right beside a trunk chopped once (its second log)
 
 
 def test_an_unknown_gui_backdrop_is_refused_before_any_game_starts():

@@ -1,5 +1,6 @@
 """The Luanti backend against the real game under Xvfb: state read back through the bridge mod and frames."""
 
+import dataclasses
 import os
 import signal
 import time
@@ -300,13 +301,43 @@ def test_mine_logs_starts_clear_the_trunks_and_some_trunks_miss_their_eye_level_
         x, _, z = info["pos"]
         xs.append(x)
         assert abs(x) <= 9.05 and abs(z) <= 9.05, info["pos"]
-        assert all(max(abs(x - tx), abs(z - tz)) >= 0.95 for tx, tz in trunks), info["pos"]
+        # never inside a trunk: 0.95 blocks clear, or 0.85 for a start beside one (``vary.beside``)
+        assert all(max(abs(x - tx), abs(z - tz)) >= 0.8 for tx, tz in trunks), info["pos"]
         logs = {tuple(p) for n, p in info["nearby"] if n == "default:tree"}
         assert all(abs(p[0]) <= 12 and abs(p[2]) <= 12 for p in logs)  # the arena's only (it is reset)
         assert all((tx, 9, tz) in logs and (tx, 11, tz) in logs for tx, tz in trunks)  # each trunk stands
         gaps.append(sum((tx, 10, tz) not in logs for tx, tz in trunks))
     assert max(xs) - min(xs) > 6, xs
     assert 0 < sum(gaps) < 3 * len(starts), gaps  # some trunks chopped once, not all
+
+
+def test_a_start_beside_a_trunk_faces_its_gap(env):
+    """``init.vary.beside`` 1: every start is 0.85-1.6 blocks from one trunk's centre, looking at it within 20
+    degrees of yaw, and that trunk has lost its eye-level log (y 10), as the first chop leaves it; the
+    seed fixes which trunk and where."""
+    from histeve_jax.envs.base import wrap_degrees, yaw_pitch_to
+
+    task = load_task("mine_log")
+    task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "beside": 1.0}})
+    trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
+    env.randomize_init = True
+    try:
+        starts = [env.reset(seed=s, options={"task": task})[1] for s in (40, 41, 42, 40)]
+    finally:
+        env.randomize_init = False
+    beside = []
+    for info in starts:
+        x, _, z = info["pos"]
+        near = [max(abs(x - tx), abs(z - tz)) for tx, tz in trunks]
+        k = int(np.argmin(near))
+        assert 0.8 <= near[k] <= 1.65 and sorted(near)[1] > 2, info["pos"]
+        tx, tz = trunks[k]
+        logs = {tuple(p) for n, p in info["nearby"] if n == "default:tree"}
+        assert (tx, 10, tz) not in logs and (tx, 9, tz) in logs and (tx, 11, tz) in logs, sorted(logs)
+        yaw = yaw_pitch_to((x, 10.0, z), (tx, 10.0, tz))[0]
+        assert abs(wrap_degrees(info["yaw"] - yaw)) <= 21, (info["yaw"], yaw)
+        beside.append((k, info["pos"]))
+    assert beside[0] == beside[3] and beside[0] != beside[1]
 
 
 def test_the_inventory_looks_the_same_from_every_start(env):

@@ -60,6 +60,7 @@ from histeve_jax.envs.base import (
     slot_list,
     validate_action,
     wrap_degrees,
+    yaw_pitch_to,
 )
 from histeve_jax.envs.cursor import draw_cursor
 from histeve_jax.envs.luanti.arena import DEFAULT_POS, EYE_LOG, reset_ops
@@ -429,8 +430,15 @@ class LuantiEnv(gym.Env):
             if vary["pitch"]:  # drawn only where asked: the other tasks' starts stay what their seeds gave
                 pitch = init.get("pitch", 0.0) + self.np_random.uniform(-vary["pitch"], vary["pitch"])
                 init["pitch"] = float(np.clip(pitch, -89.5, 89.5))
+            gone = np.zeros(len(trunks), bool)
             if vary["gap"]:  # some trunks start with their eye-level log dug, as a chop leaves them
                 gone = self.np_random.random(len(trunks)) < vary["gap"]
+            # Drawn last and only where asked, so every other start of a seed stays what it was.
+            if vary.get("beside") and trunks and self.np_random.random() < vary["beside"]:
+                k = int(self.np_random.integers(len(trunks)))
+                init["pos"], init["yaw"] = self._beside(trunks, k, y, init.get("trees")[k]["pos"][1])
+                gone[k] = True
+            if gone.any():
                 init["nodes"] = list(init.get("nodes") or []) + [
                     {"pos": [int(t["pos"][0]), int(t["pos"][1]) + EYE_LOG, int(t["pos"][2])], "name": "air"}
                     for t, g in zip(init.get("trees") or [], gone, strict=True) if g]
@@ -454,6 +462,21 @@ class LuantiEnv(gym.Env):
             return self._reset_in_game()
         except _LOST as e:  # the X connection or the world dir vanished
             raise self._fail(GameCrashed(f"the game went away during reset: {e}")) from e
+
+    def _beside(self, trunks: list[tuple[float, float]], k: int, y: float, base_y: float
+                ) -> tuple[list[float], float]:
+        """A start 0.85-1.6 blocks (max-norm, clear of the other trunks) from trunk ``k``'s centre, yawed
+        at its eye-level log within +-20 degrees: ``init.vary.beside``'s, where a chop leaves the player."""
+        tx, tz = trunks[k]
+        for _ in range(100):
+            angle, r = self.np_random.uniform(0, 2 * np.pi), self.np_random.uniform(0.85, 1.6)
+            x, z = tx + r * np.sin(angle), tz + r * np.cos(angle)
+            near = max(abs(x - tx), abs(z - tz))
+            if 0.85 <= near and all(max(abs(x - ox), abs(z - oz)) >= 1.0 for i, (ox, oz) in enumerate(trunks)
+                                    if i != k):
+                break
+        yaw, _ = yaw_pitch_to((x, y + 1.5, z), (tx, base_y + EYE_LOG, tz))
+        return [float(x), float(y), float(z)], float(yaw + self.np_random.uniform(-20, 20))
 
     def _reset_in_game(self):
         self._release_all()

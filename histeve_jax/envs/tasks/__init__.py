@@ -152,9 +152,11 @@ def _name(v: Any, where: str) -> None:
 
 _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", "nodes", "fills", "vary"}
 # The spread of a randomized start (``LuantiEnv(randomize_init=True)``) where ``init.vary`` does not say:
-# +- blocks on x and z, +- degrees of yaw and of pitch, each tree's chance to lack its eye-level log.
-DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0}
-_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0}
+# +- blocks on x and z, +- degrees of yaw and of pitch, each tree's chance to lack its eye-level log, and
+# the chance to start instead right beside a trunk chopped once, facing its gap (where a chop leaves the
+# player: the second log of wooden_pickaxe is dug from there).
+DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0}
+_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0}
 
 
 def _validate_init(init: Any, where: str) -> dict[str, Any]:
