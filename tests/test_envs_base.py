@@ -101,7 +101,7 @@ def test_bad_task_files_raise_naming_the_key(over, msg):
 def test_a_start_spread_fills_in_the_defaults():
     assert task_from_dict(_task(init={"vary": {"yaw": 180}})).init["vary"] == {"pos": 0.25, "yaw": 180.0,
                                                                               "pitch": 0.0, "gap": 0.0,
-                                                                              "beside": 0.0}
+                                                                              "beside": 0.0, "clutter": 0.0}
     assert "vary" not in task_from_dict(_task()).init
     # The crafts start anywhere in mine_log's arena, looking anywhere (wooden_pickaxe hands them that view).
     craft, mine = load_task("craft_planks").init, load_task("mine_log").init
@@ -109,6 +109,25 @@ def test_a_start_spread_fills_in_the_defaults():
     # mine_log from anywhere in the arena (a failure teleports the player), some trunks already chopped once
     assert mine["vary"]["pos"] >= 8 and mine["vary"]["yaw"] == 180.0 and 0 < mine["vary"]["gap"] < 1
     assert 0 < mine["vary"]["beside"] < 1  # and some right beside a trunk chopped once (its second log)
+
+
+def test_a_cluttered_inventory_moves_each_stack_one_slot_on_behind_leaves():
+    """``tasks.clutter_inventory``: leaves (1-6) on slot 1, each listed stack on the next slot (32 stays) and
+    0-2 larger; craft_planks draws it for some starts."""
+    import numpy as np
+
+    from histeve_jax.envs.tasks import clutter_inventory
+
+    rng = np.random.default_rng(0)
+    pickaxe = load_task("craft_wooden_pickaxe").init["inventory"]  # sticks 4 on slot 1, planks 3 on 32
+    seen = [clutter_inventory(pickaxe, rng) for _ in range(50)]
+    for inv in seen:
+        assert [it["slot"] for it in inv] == [1, 2, 32] and 1 <= inv[0]["count"] <= 6
+        assert [it["item"] for it in inv] == ["default:leaves", "default:stick", "default:wood"]
+        assert 4 <= inv[1]["count"] <= 6 and 3 <= inv[2]["count"] <= 5
+    assert {inv[1]["count"] for inv in seen} == {4, 5, 6}
+    assert {inv[0]["count"] for inv in seen} == set(range(1, 7))
+    assert 0 < load_task("craft_planks").init["vary"]["clutter"] < 1
 
 
 def test_an_unknown_gui_backdrop_is_refused_before_any_game_starts():

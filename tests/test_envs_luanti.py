@@ -276,11 +276,19 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
         starts = [env.reset(seed=s, options={"task": "craft_planks"})[1] for s in range(20, 26)]
     finally:
         env.randomize_init = False
+    cluttered = 0
     for info in starts:
         assert abs(info["pitch"] - init["pitch"]) <= vary["pitch"] + 0.5, info["pitch"]
         (x, _, z), (x0, _, z0) = info["pos"], init["pos"]
         assert abs(x - x0) <= vary["pos"] + 0.05 and abs(z - z0) <= vary["pos"] + 0.05
-        assert info["inventory"] == {"default:tree": 1}
+        slots = {i: s for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"}
+        if info["inventory"] == {"default:tree": 1}:
+            assert slots == {1: {"type": "default:tree", "quantity": 1}}, slots
+        else:  # ``vary.clutter``: leaves on slot 1, the log (1-3 of them) on slot 2
+            cluttered += 1
+            assert set(slots) == {1, 2} and slots[1]["type"] == "default:leaves", slots
+            assert slots[2]["type"] == "default:tree" and 1 <= slots[2]["quantity"] <= 3, slots
+    assert 0 < cluttered < len(starts)
     pitches = sorted(i["pitch"] for i in starts)
     yaws = [i["yaw"] % 360 for i in starts]
     assert pitches[-1] - pitches[0] > 20 and max(yaws) - min(yaws) > 60, (pitches, yaws)
@@ -342,12 +350,15 @@ def test_a_start_beside_a_trunk_faces_its_gap(env):
 
 def test_the_inventory_looks_the_same_from_every_start(env):
     """The GUI backdrop is opaque (``gui_backdrop="opaque"``, the default): two craft_planks starts that
-    look different show the same inventory frame, pointer and all."""
+    look different show the same inventory frame, pointer and all (two starts with the same inventory:
+    ``vary.clutter`` off)."""
     env.randomize_init = True
     try:
         world, gui = [], []
+        task = load_task("craft_planks")
+        task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "clutter": 0.0}})
         for seed in (20, 21):
-            obs, info = env.reset(seed=seed, options={"task": "craft_planks"})
+            obs, info = env.reset(seed=seed, options={"task": task})
             world.append(obs["image"].astype(np.int16))
             env.step(_act(inventory=1))
             obs, _, _, _, info = env.step(noop_action())

@@ -67,7 +67,7 @@ from histeve_jax.envs.luanti.arena import DEFAULT_POS, EYE_LOG, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
-from histeve_jax.envs.tasks import DEFAULT_VARY, Task, load_task
+from histeve_jax.envs.tasks import DEFAULT_VARY, Task, clutter_inventory, load_task
 
 # What a vanished X server or world directory raises from Xlib, mss or the file system (TimeoutError, from a
 # window that never appears, is an OSError).
@@ -438,6 +438,8 @@ class LuantiEnv(gym.Env):
                 k = int(self.np_random.integers(len(trunks)))
                 init["pos"], init["yaw"] = self._beside(trunks, k, y, init.get("trees")[k]["pos"][1])
                 gone[k] = True
+            if vary.get("clutter") and self.np_random.random() < vary["clutter"]:  # drawn last, as beside
+                init["inventory"] = clutter_inventory(init.get("inventory") or [], self.np_random)
             if gone.any():
                 init["nodes"] = list(init.get("nodes") or []) + [
                     {"pos": [int(t["pos"][0]), int(t["pos"][1]) + EYE_LOG, int(t["pos"][2])], "name": "air"}

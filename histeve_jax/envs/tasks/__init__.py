@@ -154,9 +154,24 @@ _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", 
 # The spread of a randomized start (``LuantiEnv(randomize_init=True)``) where ``init.vary`` does not say:
 # +- blocks on x and z, +- degrees of yaw and of pitch, each tree's chance to lack its eye-level log, and
 # the chance to start instead right beside a trunk chopped once, facing its gap (where a chop leaves the
-# player: the second log of wooden_pickaxe is dug from there).
-DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0}
-_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0}
+# player: the second log of wooden_pickaxe is dug from there), and the chance that the inventory starts
+# cluttered as a long-horizon episode leaves it (``CLUTTER``: leaves on slot 1, each listed stack one slot on
+# and up to two items larger).
+DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0, "clutter": 0.0}
+_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0, "clutter": 1.0}
+CLUTTER_ITEM, CLUTTER_MAX = "default:leaves", 6  # what a chop that dug into the crown leaves on slot 1
+
+
+def clutter_inventory(inventory: list[Mapping[str, Any]], rng: Any) -> list[dict[str, Any]]:
+    """``inventory`` (the task's init list) as a long-horizon episode leaves it before the craft: 1 to
+    ``CLUTTER_MAX`` leaves on slot 1 (dug before the log), every listed stack on the next slot (slot 32 stays,
+    the last) and 0 to 2 items larger (a chop that went on past its log). ``rng``: a numpy Generator."""
+    out = [{"item": CLUTTER_ITEM, "count": int(rng.integers(1, CLUTTER_MAX + 1)), "slot": 1}]
+    for it in inventory:
+        slot = it.get("slot", 1)
+        out.append({"item": it["item"], "count": int(it.get("count", 1)) + int(rng.integers(0, 3)),
+                    "slot": slot if slot == 32 else slot + 1})
+    return out
 
 
 def _validate_init(init: Any, where: str) -> dict[str, Any]:
