@@ -276,22 +276,36 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
         starts = [env.reset(seed=s, options={"task": "craft_planks"})[1] for s in range(20, 26)]
     finally:
         env.randomize_init = False
-    cluttered = 0
     for info in starts:
         assert abs(info["pitch"] - init["pitch"]) <= vary["pitch"] + 0.5, info["pitch"]
         (x, _, z), (x0, _, z0) = info["pos"], init["pos"]
         assert abs(x - x0) <= vary["pos"] + 0.05 and abs(z - z0) <= vary["pos"] + 0.05
-        slots = {i: s for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"}
-        if info["inventory"] == {"default:tree": 1}:
-            assert slots == {1: {"type": "default:tree", "quantity": 1}}, slots
-        else:  # ``vary.clutter``: leaves on slot 1, the log (1-3 of them) on slot 2
-            cluttered += 1
-            assert set(slots) == {1, 2} and slots[1]["type"] == "default:leaves", slots
-            assert slots[2]["type"] == "default:tree" and 1 <= slots[2]["quantity"] <= 3, slots
-    assert 0 < cluttered < len(starts)
+        assert info["inventory"] == {"default:tree": 1}
     pitches = sorted(i["pitch"] for i in starts)
     yaws = [i["yaw"] % 360 for i in starts]
     assert pitches[-1] - pitches[0] > 20 and max(yaws) - min(yaws) > 60, (pitches, yaws)
+
+
+def test_a_cluttered_start_holds_leaves_on_slot_1_and_the_log_on_slot_2(env):
+    """``init.vary.clutter`` 1 on craft_planks: the game's inventory is leaves (1-6) on slot 1 and the log,
+    1-3 of them, on slot 2; the start's place and look are those of the same seed without it (drawn last)."""
+    task = load_task("craft_planks")
+    vary = {**task.init["vary"], "clutter": 1.0}
+    with_clutter = dataclasses.replace(task, init={**task.init, "vary": vary})
+    env.randomize_init = True
+    try:
+        starts = [(env.reset(seed=s, options={"task": with_clutter})[1],
+                   env.reset(seed=s, options={"task": task})[1]) for s in (50, 51, 52)]
+    finally:
+        env.randomize_init = False
+    for info, plain in starts:
+        slots = {i: s for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"}
+        assert set(slots) == {1, 2} and slots[1]["type"] == "default:leaves", slots
+        assert 1 <= slots[1]["quantity"] <= 6, slots
+        assert slots[2]["type"] == "default:tree" and 1 <= slots[2]["quantity"] <= 3, slots
+        assert plain["inventory"] == {"default:tree": 1}
+        assert info["pos"] == pytest.approx(plain["pos"], abs=0.05)
+        assert info["yaw"] == pytest.approx(plain["yaw"], abs=0.5)
 
 
 def test_mine_logs_starts_clear_the_trunks_and_some_trunks_miss_their_eye_level_log(env):
@@ -350,15 +364,12 @@ def test_a_start_beside_a_trunk_faces_its_gap(env):
 
 def test_the_inventory_looks_the_same_from_every_start(env):
     """The GUI backdrop is opaque (``gui_backdrop="opaque"``, the default): two craft_planks starts that
-    look different show the same inventory frame, pointer and all (two starts with the same inventory:
-    ``vary.clutter`` off)."""
+    look different show the same inventory frame, pointer and all."""
     env.randomize_init = True
     try:
         world, gui = [], []
-        task = load_task("craft_planks")
-        task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "clutter": 0.0}})
         for seed in (20, 21):
-            obs, info = env.reset(seed=seed, options={"task": task})
+            obs, info = env.reset(seed=seed, options={"task": "craft_planks"})
             world.append(obs["image"].astype(np.int16))
             env.step(_act(inventory=1))
             obs, _, _, _, info = env.step(noop_action())
