@@ -171,7 +171,6 @@ class HarnessAgent:
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
         self.done_at: int | None = 0 if subtask.is_complete(info) else None  # inv step its check first held
         self.failing_for = 0  # steps an unrecoverable failure condition has held in a row
-        self.armed = subtask.label not in self.disarmed  # whether the signal may stop this invocation
         self.last_action = None
         self.before = self.memory.working.snapshot()
         self.monitor = ChangeMonitor(self.spec.visual_jump)
@@ -242,12 +241,12 @@ class HarnessAgent:
         self.series["completion"].append(None if p is None else float(p))
         if p is not None:
             under = p < self.completion.threshold
-            if not self.armed and under:  # the view no longer reads as done: the rule applies again
-                self.armed = True
+            armed = self.current.label not in self.disarmed  # whether the signal may stop this invocation
+            if not armed and under:  # the view no longer reads as done: the rule applies again
                 self.disarmed.discard(self.current.label)
                 self._event("rearm", f"{self.completion.name} rearmed for {self.current.label}", {
                     "step": self.t, "probability": float(p), "threshold": self.completion.threshold})
-            self.over = 0 if under or not self.armed else self.over + 1
+            self.over = 0 if under or not armed else self.over + 1
         if self.over >= self.spec.consecutive:
             return "detector"
         if self._failing(info):

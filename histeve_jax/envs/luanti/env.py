@@ -97,6 +97,12 @@ def crosshair_visible(frame: np.ndarray) -> bool:
     return bool((vert >= 250).all() and (horiz >= 250).all())
 
 
+def _clear_of(x: float, z: float, trunks: list[tuple[float, float]], margin: float = 1.0) -> bool:
+    """Whether a player at (x, z) stands ``margin`` blocks (max-norm, centre to centre) from every trunk: 1.0
+    is clear of it (+-0.5 node, +-0.3 player, a margin), 0.85 right against it."""
+    return all(max(abs(x - tx), abs(z - tz)) >= margin for tx, tz in trunks)
+
+
 class LuantiEnv(gym.Env):
     """Luanti (minetest 5.6) as a gymnasium env with MineStudio's action and info formats (see base.py)."""
 
@@ -420,7 +426,7 @@ class LuantiEnv(gym.Env):
             trunks = [(t["pos"][0], t["pos"][2]) for t in init.get("trees") or []]
             for _ in range(100):  # never inside (or rubbing) a trunk: +-0.5 node, +-0.3 player, a margin
                 dx, dz = self.np_random.uniform(-vary["pos"], vary["pos"], size=2)
-                if all(max(abs(x + dx - tx), abs(z + dz - tz)) >= 1.0 for tx, tz in trunks):
+                if _clear_of(x + dx, z + dz, trunks):
                     break
             else:
                 raise ValueError(f"task {self.task.name}: no start within init.vary.pos={vary['pos']} of "
@@ -434,11 +440,11 @@ class LuantiEnv(gym.Env):
             if vary["gap"]:  # some trunks start with their eye-level log dug, as a chop leaves them
                 gone = self.np_random.random(len(trunks)) < vary["gap"]
             # Drawn last and only where asked, so every other start of a seed stays what it was.
-            if vary.get("beside") and trunks and self.np_random.random() < vary["beside"]:
+            if vary["beside"] and trunks and self.np_random.random() < vary["beside"]:
                 k = int(self.np_random.integers(len(trunks)))
-                init["pos"], init["yaw"] = self._beside(trunks, k, y, init.get("trees")[k]["pos"][1])
+                init["pos"], init["yaw"] = self._beside(trunks, k, y)
                 gone[k] = True
-            if vary.get("clutter") and self.np_random.random() < vary["clutter"]:  # drawn last, as beside
+            if vary["clutter"] and self.np_random.random() < vary["clutter"]:  # drawn last, as beside
                 init["inventory"] = clutter_inventory(init.get("inventory") or [], self.np_random)
             if gone.any():
                 init["nodes"] = list(init.get("nodes") or []) + [
@@ -465,19 +471,18 @@ class LuantiEnv(gym.Env):
         except _LOST as e:  # the X connection or the world dir vanished
             raise self._fail(GameCrashed(f"the game went away during reset: {e}")) from e
 
-    def _beside(self, trunks: list[tuple[float, float]], k: int, y: float, base_y: float
-                ) -> tuple[list[float], float]:
+    def _beside(self, trunks: list[tuple[float, float]], k: int, y: float) -> tuple[list[float], float]:
         """A start 0.85-1.6 blocks (max-norm, clear of the other trunks) from trunk ``k``'s centre, yawed
         at its eye-level log within +-20 degrees: ``init.vary.beside``'s, where a chop leaves the player."""
         tx, tz = trunks[k]
         for _ in range(100):
             angle, r = self.np_random.uniform(0, 2 * np.pi), self.np_random.uniform(0.85, 1.6)
             x, z = tx + r * np.sin(angle), tz + r * np.cos(angle)
-            near = max(abs(x - tx), abs(z - tz))
-            if 0.85 <= near and all(max(abs(x - ox), abs(z - oz)) >= 1.0 for i, (ox, oz) in enumerate(trunks)
-                                    if i != k):
+            if _clear_of(x, z, [trunks[k]], 0.85) and _clear_of(x, z, trunks[:k] + trunks[k + 1:]):
                 break
-        yaw, _ = yaw_pitch_to((x, y + 1.5, z), (tx, base_y + EYE_LOG, tz))
+        else:
+            raise ValueError(f"task {self.task.name}: no start beside trunk {trunks[k]} clears the others")
+        yaw, _ = yaw_pitch_to((x, y, z), (tx, y, tz))  # level: only the yaw is kept
         return [float(x), float(y), float(z)], float(yaw + self.np_random.uniform(-20, 20))
 
     def _reset_in_game(self):
