@@ -68,7 +68,8 @@ def _results(cfg, specs):
     with Fleet(cfg.instances, _env_kwargs(cfg), backend=cfg.backend, max_attempts=MAX_ATTEMPTS,
                run_kwargs=_run_kwargs(cfg)) as fleet:
         done: dict[tuple[str, int], EpisodeResult] = {}
-        order = iter(specs)
+        names = {t: load_task(t).name for t, _ in specs}  # a task given by its file's path
+        order = iter((names[t], s) for t, s in specs)
         want = next(order, None)
         for result in fleet.run([EpisodeSpec(t, s) for t, s in specs], expert_agent):
             done[(result.task, result.seed)] = result
@@ -100,11 +101,11 @@ def run(cfg, workdir: str) -> dict:
     out_dir = cfg.output_dir or os.path.join(workdir, "records")
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(cfg.to_json_best_effort(indent=2))
-    tasks = [load_task(n) for n in cfg.tasks]
+    tasks = [load_task(n) for n in cfg.tasks]  # shipped names, or task files' paths
     for t in tasks:
         expert_for(t)  # fail before starting the game if a task has no expert
-    counts = episodes_by_task(cfg)
-    specs = [(t.name, cfg.seed + i) for t in tasks for i in range(counts[t.name])]
+    counts = {t.name: n for t, n in zip(tasks, episodes_by_task(cfg).values(), strict=True)}
+    specs = [(n, cfg.seed + i) for n, t in zip(cfg.tasks, tasks, strict=True) for i in range(counts[t.name])]
     stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}
     bar = tqdm(total=len(specs), disable=not cfg.progress_bar, desc="episodes")

@@ -210,6 +210,8 @@ def test_an_invocation_that_finds_the_gui_open_closes_it_before_the_policy_acts(
     executor = PolicyExecutor(loaded)
     subtask = load_schemas()["craft_sticks"].instantiate({"count": 4})
     executor.start(subtask, obs, info)
+    # told the planks' slot as the game reports it where the invocation starts (the task's text names it)
+    assert executor.instruction == "open the inventory and craft sticks from the wooden planks in slot 1"
     labels = []
     for _ in range(10):
         d = executor.act(obs, info)

@@ -109,6 +109,13 @@ def test_a_start_spread_fills_in_the_defaults():
     # mine_log from anywhere in the arena (a failure teleports the player), some trunks already chopped once
     assert mine["vary"]["pos"] >= 8 and mine["vary"]["yaw"] == 180.0 and 0 < mine["vary"]["gap"] < 1
     assert 0 < mine["vary"]["beside"] < 1  # and some right beside a trunk chopped once (its second log)
+    # Half of each craft's starts hold what a long episode leaves (leaves first), and its text names the
+    # slots of its inputs, which the policy cannot read at 112x196.
+    for name, items in (("craft_planks", ["default:tree"]), ("craft_sticks", ["default:wood"]),
+                        ("craft_wooden_pickaxe", ["default:stick", "default:wood"])):
+        task = load_task(name)
+        assert task.init["vary"]["clutter"] == 0.5
+        assert [f"{{slot:{item}}}" in task.text for item in items] == [True] * len(items)
 
 
 def test_a_cluttered_inventory_moves_each_stack_one_slot_on_behind_leaves():
@@ -127,6 +134,34 @@ def test_a_cluttered_inventory_moves_each_stack_one_slot_on_behind_leaves():
         assert 4 <= inv[1]["count"] <= 6 and 3 <= inv[2]["count"] <= 5
     assert {inv[1]["count"] for inv in seen} == {4, 5, 6}
     assert {inv[0]["count"] for inv in seen} == set(range(1, 7))
+
+
+def _slots(*stacks):
+    """``info["inventory_slots"]`` as the game reports it: (item, count) per slot, the rest empty."""
+    filled = [{"type": t, "quantity": n} for t, n in stacks]
+    return {"inventory_slots": filled + [{"type": "air", "quantity": 0}] * (32 - len(filled))}
+
+
+def test_an_instruction_names_the_slot_the_inventory_holds_its_item_in():
+    """``{slot:<item>}`` in a task's text: the first slot holding the item where the instruction is read
+    (``Task.instruction``); plain texts pass unchanged; an item nowhere held is an error naming the task."""
+    from histeve_jax.envs.tasks import render_instruction
+
+    task = task_from_dict(_task(text="craft planks from the log in slot {slot:default:tree}"))
+    assert task.instruction(_slots(("default:tree", 1))) == "craft planks from the log in slot 1"
+    cluttered = _slots(("default:leaves", 4), ("default:sapling", 1), ("default:tree", 2),
+                       ("default:tree", 1))
+    assert task.instruction(cluttered) == "craft planks from the log in slot 3"
+    assert render_instruction("dig", {}) == "dig"
+    assert task_from_dict(_task()).instruction(cluttered) == "dig"
+    with pytest.raises(ValueError, match=r"task t: .* names the slot of default:tree, and no inventory slot"):
+        task.instruction(_slots(("default:leaves", 4)))
+
+
+@pytest.mark.parametrize("text", ["dig {count} logs", "dig {slot:tree}", "dig }"])
+def test_a_text_with_another_placeholder_is_refused(text):
+    with pytest.raises(TaskError, match=r"<dict>\.text: the only placeholder is \{slot:<mod>:<item>\}"):
+        task_from_dict(_task(text=text))
 
 
 def test_an_unknown_gui_backdrop_is_refused_before_any_game_starts():

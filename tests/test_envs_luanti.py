@@ -288,10 +288,13 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
 
 def test_a_cluttered_start_holds_leaves_on_slot_1_and_the_log_on_slot_2(env):
     """``init.vary.clutter`` 1 on craft_planks: the game's inventory is leaves (1-6) on slot 1 and the log,
-    1-3 of them, on slot 2; the start's place and look are those of the same seed without it (drawn last)."""
+    1-3 of them, on slot 2, and the instruction read from it names slot 2 (slot 1 without clutter); the
+    start's place and look are those of the same seed without it (drawn last)."""
     task = load_task("craft_planks")
-    vary = {**task.init["vary"], "clutter": 1.0}
-    with_clutter = dataclasses.replace(task, init={**task.init, "vary": vary})
+    assert task.init["vary"]["clutter"] == 0.5  # as shipped: half the starts
+    with_clutter, task = (dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"],
+                                                                                "clutter": c}})
+                          for c in (1.0, 0.0))
     env.randomize_init = True
     try:
         starts = [(env.reset(seed=s, options={"task": with_clutter})[1],
@@ -304,6 +307,8 @@ def test_a_cluttered_start_holds_leaves_on_slot_1_and_the_log_on_slot_2(env):
         assert 1 <= slots[1]["quantity"] <= 6, slots
         assert slots[2]["type"] == "default:tree" and 1 <= slots[2]["quantity"] <= 3, slots
         assert plain["inventory"] == {"default:tree": 1}
+        assert with_clutter.instruction(info).endswith("from the log in slot 2")
+        assert task.instruction(plain).endswith("from the log in slot 1")
         assert info["pos"] == pytest.approx(plain["pos"], abs=0.05)
         assert info["yaw"] == pytest.approx(plain["yaw"], abs=0.5)
 

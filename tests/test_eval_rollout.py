@@ -62,6 +62,25 @@ def test_expert_episode_succeeds_and_its_records_follow_the_schema(env):
 
 
 @pytest.mark.game
+def test_every_record_holds_the_instruction_read_from_the_first_state(env):
+    """craft_planks names the log's slot: from a cluttered start (leaves on slot 1) every record of the
+    episode, the last included (the log crafted away by then), says slot 2, what the agent was told."""
+    import dataclasses
+
+    task = load_task("craft_planks")
+    task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "clutter": 1.0}})
+    env.randomize_init = True
+    try:
+        res = run_episode(env, task, 3, ExpertAgent())
+    finally:
+        env.randomize_init = False
+    assert res.success
+    want = "open the inventory and craft wooden planks from the log in slot 2"
+    assert {r.instruction for r in res.records} == {want}
+    assert res.records[0].metadata["inventory"]["default:leaves"] >= 1
+
+
+@pytest.mark.game
 def test_after_success_plays_on_with_the_complete_state_recorded(env):
     """after_success=5: the same expert episode, then five more steps (the expert's no-ops once it is done),
     every one of them labelled complete from the game's own check: the detector's task positives."""

@@ -38,6 +38,20 @@ def test_every_schema_instantiates_into_its_atomic_task_text():
     assert sub.label == "mine_stone(count=3)"
 
 
+def test_a_subtask_is_told_the_slot_of_its_input_where_it_starts():
+    """``Subtask.instruction_at``: a task text's ``{slot:<item>}`` is read from the invocation's first info
+    (the executor and the detector are both told that), so a log behind leaves is named as slot 2."""
+    import dataclasses
+
+    sub = dataclasses.replace(SCHEMAS["craft_planks"].instantiate({}),
+                              instruction="craft planks from the log in slot {slot:default:tree}")
+    slots = [{"type": "default:leaves", "quantity": 3}, {"type": "default:tree", "quantity": 1}]
+    info = {"inventory_slots": slots + [{"type": "air", "quantity": 0}] * 30}
+    assert sub.instruction_at(info) == "craft planks from the log in slot 2"
+    with pytest.raises(ValueError, match=r"subtask craft_planks\(count=4\): .*no inventory slot holds it"):
+        sub.instruction_at({"inventory_slots": slots[:1]})
+
+
 @pytest.mark.parametrize("change, msg", [
     ({"budget": None}, r"dig\.yaml: budget: Input should be a valid dictionary"),
     ({"colour": "red"}, r"dig\.yaml: colour: unknown field"),

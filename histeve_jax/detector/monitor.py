@@ -190,7 +190,7 @@ class MonitoredAgent:
 
     def reset(self, task: Any, obs: dict, info: dict, seed: int) -> None:
         self.agent.reset(task, obs, info, seed)
-        self.monitor.reset(task.text, int(bool(info.get("is_gui_open", False))))
+        self.monitor.reset(task.instruction(info), int(bool(info.get("is_gui_open", False))))
         self.series = {self.SERIES: []}
 
     def act(self, obs: dict, info: dict) -> Any:

@@ -100,6 +100,10 @@ class MineStudioTask:
     def is_success(self, info: Mapping[str, Any]) -> bool:
         return bool(self.success) and evaluate_check(self.success, info)
 
+    def instruction(self, info: Mapping[str, Any]) -> str:
+        """What the agent is told (``Task.instruction``'s interface; a MineStudio text has no slots)."""
+        return self.text
+
 
 def minestudio_task_from_dict(d: Any, name: str, source: str = "<dict>") -> MineStudioTask:
     """Translate a MineStudio task YAML mapping (``custom_init_commands`` or ``commands``, ``text``)."""

@@ -155,7 +155,8 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
             ray.init(logging_level="ERROR", log_to_driver=False, **kw)
     env_kwargs = {"obs_size": tuple(spec.obs_size), **dict(spec.env)}
-    summary: dict[str, Any] = {"tasks": list(spec.tasks), "agents": list(spec.agents), "results": {},
+    names = [load_task(t).name for t in spec.tasks]  # a task may be given by its file's path
+    summary: dict[str, Any] = {"tasks": names, "agents": list(spec.agents), "results": {},
                                "seeds": [spec.seed + i for i in range(spec.episodes)],
                                "policy": spec.policy, "out_dir": spec.out_dir, "reports": []}
     specs = [EpisodeSpec(t, spec.seed + i, spec.max_steps or None) for t in spec.tasks
@@ -179,7 +180,7 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
                     factory = expert_agent
                 else:
                     factory = functools.partial(random_agent, codebook=spec.codebook)
-                results: dict[str, list] = {t: [] for t in spec.tasks}
+                results: dict[str, list] = {t: [] for t in names}
                 with ShardWriter(os.path.join(spec.out_dir, "records", agent), prefix=f"eval-{agent}") as w:
                     for res in fleet.run(specs, factory):
                         results[res.task].append(res)

@@ -260,7 +260,7 @@ class PolicyAgent:
 
     def reset(self, task: Any, obs: dict, info: dict, seed: int) -> None:
         self.frames.reset()
-        self.instruction = task.text
+        self.instruction = task.instruction(info)
 
     def act(self, obs: dict, info: dict) -> Decision:
         import ray

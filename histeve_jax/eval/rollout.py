@@ -85,10 +85,12 @@ def jsonable_action(action: Mapping[str, Any]) -> dict[str, Any]:
 
 def step_record(task: Task, episode_id: str, step: int, obs: dict, info: dict, decision: Decision, *,
                 reward: float, done: bool, kind: str, seed: int, backend: str, frame_format: str = "jpeg",
-                jpeg_quality: int = 95) -> StepRecord:
+                jpeg_quality: int = 95, instruction: str | None = None) -> StepRecord:
     """The record of one step: the frame the agent saw, what it did, the regime, cursor, events and labels.
 
     ``completed`` is 1 on frames where the task's success check already holds (the detector's label).
+    ``instruction``: what the agent was told where the episode started (``task.instruction`` of its first
+    info: the text with the slots it names filled in); None stores ``task.text``.
     Policy agents' sampled tokens go to ``metadata["action_tokens"/"action_logprobs"/"action_text"]``.
     """
     metadata: dict[str, Any] = {
@@ -103,7 +105,8 @@ def step_record(task: Task, episode_id: str, step: int, obs: dict, info: dict, d
         metadata["action_logprobs"] = [float(p) for p in (decision.logprobs or [])]
         metadata["action_text"] = decision.text
     return StepRecord(
-        episode_id=episode_id, step=step, task_id=task.name, kind=kind, instruction=task.text,
+        episode_id=episode_id, step=step, task_id=task.name, kind=kind,
+        instruction=task.text if instruction is None else instruction,
         frame=encode_frame(obs["image"], frame_format, jpeg_quality), frame_format=frame_format,
         action=jsonable_action(decision.action), is_gui_open=bool(info["is_gui_open"]),
         cursor=None if info["cursor"] is None else [float(v) for v in info["cursor"]],
@@ -130,14 +133,17 @@ def run_episode(env: Any, task: Task, seed: int, agent: Agent, *, max_steps: int
     records: list[StepRecord] = []
     verified: set[str] = set()
     error = ""
+    instruction = task.text
 
     def record(obs, info, decision, reward, done):
         records.append(step_record(task, episode_id, len(records), obs, info, decision, reward=reward,
                                    done=done, kind=kind, seed=seed, backend=backend,
-                                   frame_format=frame_format, jpeg_quality=jpeg_quality))
+                                   frame_format=frame_format, jpeg_quality=jpeg_quality,
+                                   instruction=instruction))
 
     try:
         obs, info = env.reset(seed=seed, options={"task": task})
+        instruction = task.instruction(info)
         agent.reset(task, obs, info, seed)
         verified.update(task.subgoals_done(info))
         reached = bool(info["success"])

@@ -1,7 +1,8 @@
 """The trained completion detector as the harness's completion signal (``controller.CompletionSignal``).
 
 ``DetectorCompletion`` wraps ``detector.monitor.CompletionMonitor``: each invocation restarts its frame
-history on the subtask's instruction (the atomic task's text, as the policy was told it), and every
+history on the subtask's instruction (the atomic task's text with its slots filled in, as the policy was
+told it), and every
 ``every`` steps it queries the coupled detector (frozen policy + detector) on the frames of its slots; the
 harness ends the invocation once ``consecutive`` queries in a row are >= ``threshold``, the paper's rule.
 ``threshold`` is the detector run's loop threshold (``loop_threshold`` in its ``detector_report.json``:
@@ -40,7 +41,7 @@ class DetectorCompletion:
         self.codec = codec or (lambda frame: frame)
 
     def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
-        self.monitor.reset(subtask.instruction, int(bool(info.get("is_gui_open", False))))
+        self.monitor.reset(subtask.instruction_at(info), int(bool(info.get("is_gui_open", False))))
         self.monitor.observe(self.codec(obs["image"]), info)  # the invocation's first frame (step 0)
 
     def probability(self, obs: dict, info: dict) -> float | None:

@@ -4,8 +4,9 @@ An executor is told the instantiated subtask at the start of each invocation (``
 step at a time (``act``), returning a ``rollout.Decision``; ``subtask == "done"`` means it has nothing more
 to do, a ``RuntimeError`` that it gave up. The expert for a subtask is built from its parameters
 (``EXPERT_MAKERS``: the targets of ``envs.experts``' atomic experts are the parameters' counts); the policy
-is told only the subtask's instruction, the atomic task's text it was trained on, and sees frames in its
-training window layout.
+is told only the subtask's instruction, the atomic task's text it was trained on with the inventory slots
+it names read where the invocation starts (``Subtask.instruction_at``), and sees frames in its training
+window layout.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class PolicyExecutor:
     def start(self, subtask: Subtask | None, obs: dict, info: dict, instruction: str = "") -> None:
         """Begin an invocation of ``subtask`` (or of a bare ``instruction``, the final-goal baseline)."""
         self.frames.reset()
-        self.instruction = subtask.instruction if subtask is not None else instruction
+        self.instruction = subtask.instruction_at(info) if subtask is not None else instruction
         self._label = subtask.label if subtask is not None else "goal"
         self._closer: Expert | None = None
         if info.get("is_gui_open"):
@@ -187,7 +188,7 @@ class GoalOnlyAgent:
         self.name = f"{executor.name}_goal_only"
 
     def reset(self, task: Task, obs: dict, info: dict, seed: int) -> None:
-        self.executor.start(None, obs, info, instruction=task.text)
+        self.executor.start(None, obs, info, instruction=task.instruction(info))
 
     def act(self, obs: dict, info: dict) -> Decision:
         return self.executor.act(obs, info)

@@ -4,7 +4,7 @@ A task file holds::
 
     name: mine_log                 # must match the file name
     category: mine                 # one of CATEGORIES (MineStudio Bench / OpenHA style)
-    text: chop a tree and collect a log
+    text: chop a tree and collect a log   # may name a slot: "{slot:default:tree}" (render_instruction)
     max_steps: 600                 # step budget (20 steps per second)
     init:                          # the initial state every reset restores (all optional)
       pos: [0.0, 8.5, 0.0]         # feet position; the arena's grass nodes are at y = 8, feet stand at 8.5
@@ -46,6 +46,26 @@ CATEGORIES = ("mine", "craft", "smelt", "build", "explore", "long_horizon")
 COUNTER_KEYS = ("inventory", "mine_block", "craft_item", "pickup", "place_block", "use_item")
 _OPS = {">=": operator.ge, ">": operator.gt, "==": operator.eq, "<=": operator.le, "<": operator.lt}
 _COND = re.compile(r"^\s*(>=|>|==|<=|<)\s*(\d+)\s*$")
+# "{slot:<item>}" in a task's text: the inventory slot that holds the item when the instruction is given.
+_SLOT_OF = re.compile(r"\{slot:([a-z0-9_]+:[a-z0-9_]+)\}")
+
+
+def render_instruction(text: str, info: Mapping[str, Any], where: str = "instruction") -> str:
+    """``text`` with each ``{slot:<item>}`` replaced by the first inventory slot (1-based) holding the item in
+    ``info["inventory_slots"]``: what the screen shows a player, named by the instruction so that a policy
+    that cannot read a 4 px slot is told which one to take (the harness's planner knows the inventory).
+    A text without placeholders is returned as it is. ValueError naming ``where`` and the item when no slot
+    holds it (the harness only starts a subtask whose inputs are held)."""
+    if "{" not in text:
+        return text
+
+    def slot(m: re.Match) -> str:
+        for i, s in enumerate(info.get("inventory_slots") or (), start=1):
+            if s["type"] == m.group(1):
+                return str(i)
+        raise ValueError(f"{where}: {text!r} names the slot of {m.group(1)}, and no inventory slot holds it")
+
+    return _SLOT_OF.sub(slot, text)
 
 
 class TaskError(ValueError):
@@ -68,6 +88,11 @@ class Task:
     def is_success(self, info: Mapping[str, Any]) -> bool:
         """Whether the success check holds on an env info dict."""
         return evaluate_check(self.success, info)
+
+    def instruction(self, info: Mapping[str, Any]) -> str:
+        """What the agent is told from the state ``info``: ``text`` with its slots filled in
+        (``render_instruction``). Read once, where an episode or invocation starts."""
+        return render_instruction(self.text, info, f"task {self.name}")
 
     def subgoals_done(self, info: Mapping[str, Any]) -> list[str]:
         """Names of the subgoals whose checks hold on `info`."""
@@ -246,6 +271,8 @@ def task_from_dict(d: Any, source: str = "<dict>") -> Task:
         raise TaskError(f"{source}.category: must be one of {CATEGORIES}, got {d['category']!r}")
     if not isinstance(d["text"], str) or not d["text"].strip():
         raise TaskError(f"{source}.text: must be a non-empty string")
+    if "{" in _SLOT_OF.sub("", d["text"]) or "}" in _SLOT_OF.sub("", d["text"]):
+        raise TaskError(f"{source}.text: the only placeholder is {{slot:<mod>:<item>}}, got {d['text']!r}")
     if not isinstance(d["max_steps"], int) or d["max_steps"] < 1:
         raise TaskError(f"{source}.max_steps: must be a positive int, got {d['max_steps']!r}")
     validate_check(d["success"], f"{source}.success")

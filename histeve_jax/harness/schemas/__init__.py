@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from histeve_jax.envs.tasks import TaskError, evaluate_check, load_task, validate_check
+from histeve_jax.envs.tasks import TaskError, evaluate_check, load_task, render_instruction, validate_check
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 MAX_INT_VALUES = 64  # integer parameters are enumerated by the constrained decoder: keep them bounded
@@ -184,6 +184,11 @@ class Subtask:
     def label(self) -> str:
         """``name(k=v, ...)`` for logs and reports."""
         return f"{self.name}({', '.join(f'{k}={v}' for k, v in sorted(self.params.items()))})"
+
+    def instruction_at(self, info: Mapping[str, Any]) -> str:
+        """The instruction as the executor is told it where the invocation starts (``instruction`` is the
+        atomic task's text; a slot it names is read from ``info``, ``tasks.render_instruction``)."""
+        return render_instruction(self.instruction, info, f"subtask {self.label}")
 
     def is_complete(self, info: Mapping[str, Any]) -> bool:
         return evaluate_condition(self.completion, info)
