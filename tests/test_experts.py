@@ -283,6 +283,37 @@ def test_craft_expert_takes_over_with_the_inventory_open_and_the_grid_wrong(env)
 
 
 @pytest.mark.game
+def test_closing_the_inventory_returns_the_crafting_grid_to_the_inventory(env):
+    """As in Minecraft: a craft cut short (a plank in the grid, the rest on slot 32 after the expert's
+    return) leaves nothing in the grid once the inventory is closed; every plank is back in the inventory."""
+    from histeve_jax.envs.experts import cursor_move
+
+    task = load_task("craft_sticks")  # 4 planks on slot 1
+    _, info = env.reset(seed=0, options={"task": task})
+    at = [320.0, 180.0]  # the cursor starts at the centre
+
+    def to(xy):
+        for _ in range(12):
+            dy, dx = cursor_move(xy[0] - at[0], xy[1] - at[1])
+            if (dy, dx) == (0.0, 0.0):
+                return
+            yield _cursor(dx, dy)
+            at[0], at[1] = at[0] + dx * base.PIXELS_PER_DEGREE, at[1] + dy * base.PIXELS_PER_DEGREE
+
+    actions = [{"inventory": 1}, *[{}] * 12, *to(SLOT_XY[1]), {}, {"attack": 1}, {}]  # the stack, held
+    actions += [*to(CRAFT_XY[(1, 1)]), {}, {"use": 1}, {}, *to(SLOT_XY[32]), {}, {"attack": 1}, {}, {}]
+    for action in actions:
+        _, _, _, _, info = env.step({**base.noop_action(), **action})
+    grid = [s["type"] for s in info["craft_grid"]]
+    assert grid.count("default:wood") == 1 and info["inventory"] == {"default:wood": 3}, (grid, info)
+    for action in [{"inventory": 1}, *[{}] * 12]:
+        _, _, _, _, info = env.step({**base.noop_action(), **action})
+    assert not info["is_gui_open"]
+    assert {s["type"] for s in info["craft_grid"]} == {"air"}
+    assert info["inventory"] == {"default:wood": 4}, info["inventory"]
+
+
+@pytest.mark.game
 def test_world_expert_takes_over_with_the_inventory_open(env):
     """An expert of a world task, handed a state with the inventory open (a policy opened it), closes the GUI
     first and then does its task."""

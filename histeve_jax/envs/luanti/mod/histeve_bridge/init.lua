@@ -167,9 +167,26 @@ for _, fname in ipairs({"default:furnace", "default:furnace_active"}) do
 	end
 end
 
+-- Closing the inventory puts what is left in the crafting grid back into the main inventory, as Minecraft
+-- does (minetest_game keeps it in the grid): a craft cut short leaves its items in the inventory, and the
+-- next craft opens on an empty grid, as every demonstration does. What does not fit is dropped at the feet.
+local function return_craft_grid(player)
+	local inv = player:get_inventory()
+	for i, stack in ipairs(inv:get_list("craft") or {}) do
+		if not stack:is_empty() then
+			inv:set_stack("craft", i, ItemStack(""))
+			local left = inv:add_item("main", stack)
+			if not left:is_empty() then minetest.add_item(player:get_pos(), left) end
+		end
+	end
+end
+
 minetest.register_on_player_receive_fields(function(player, formname, fields)
 	last_formname = formname
-	if fields.quit then gui_quits = gui_quits + 1 end
+	if fields.quit then
+		gui_quits = gui_quits + 1
+		if formname == "" then return_craft_grid(player) end  -- the player's own inventory
+	end
 end)
 
 -- Commands --------------------------------------------------------------------------------------------
