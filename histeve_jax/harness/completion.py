@@ -2,9 +2,9 @@
 
 ``DetectorCompletion`` wraps ``detector.monitor.CompletionMonitor``: each invocation restarts its frame
 history on the subtask's instruction (the atomic task's text with its slots filled in, as the policy was
-told it), and every
-``every`` steps it queries the coupled detector (frozen policy + detector) on the frames of its slots; the
-harness ends the invocation once ``consecutive`` queries in a row are >= ``threshold``, the paper's rule.
+told it), and every ``every`` steps it queries the coupled detector (frozen policy + detector) on the
+frames of its slots; the harness ends the invocation once ``consecutive`` queries in a row are
+>= ``threshold``, the paper's rule.
 ``threshold`` is the detector run's loop threshold (``loop_threshold`` in its ``detector_report.json``:
 calibrated on replayed validation episodes to end few invocations early), else its F1 threshold.
 
