@@ -280,7 +280,9 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
         assert abs(info["pitch"] - init["pitch"]) <= vary["pitch"] + 0.5, info["pitch"]
         (x, _, z), (x0, _, z0) = info["pos"], init["pos"]
         assert abs(x - x0) <= vary["pos"] + 0.05 and abs(z - z0) <= vary["pos"] + 0.05
-        assert info["inventory"] == {"default:tree": 1}
+        # the log, or (``clutter``, half the starts) leaves on slot 1 and 1-3 logs on slot 2
+        assert info["inventory"].get("default:tree", 0) >= 1, info["inventory"]
+        assert set(info["inventory"]) <= {"default:tree", "default:leaves"}, info["inventory"]
     pitches = sorted(i["pitch"] for i in starts)
     yaws = [i["yaw"] % 360 for i in starts]
     assert pitches[-1] - pitches[0] > 20 and max(yaws) - min(yaws) > 60, (pitches, yaws)

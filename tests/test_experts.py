@@ -1,5 +1,7 @@
 """Scripted experts on the real game: they succeed through env-format actions only and name their subtasks."""
 
+import dataclasses
+
 import pytest
 
 from histeve_jax.envs import base, load_task, make
@@ -58,8 +60,11 @@ def env():
     e.close()
 
 
-def _run(env, name, seed):
+def _run(env, name, seed, clutter=None):
     task = load_task(name)
+    if clutter is not None:  # the chance of a cluttered start (``init.vary.clutter``), not the task's own
+        vary = {**task.init["vary"], "clutter": clutter}
+        task = dataclasses.replace(task, init={**task.init, "vary": vary})
     _, info = env.reset(seed=seed, options={"task": task})
     expert = expert_for(task)
     expert.reset(info)
@@ -107,15 +112,21 @@ def test_expert_succeeds(env, name):
 def test_craft_subtasks_chain_without_ambiguous_returns(env):
     """craft_sticks starts from what craft_planks leaves in wooden_pickaxe and leaves exactly what
     craft_wooden_pickaxe starts from. Spare items go to the empty slot farthest from the one they were
-    picked from (a click on the source slot, or next to it, looks like the one before the grid)."""
+    picked from (a click on the source slot, or next to it, looks like the one before the grid). From a
+    cluttered start (leaves on slot 1) the sticks land on slot 2 and the planks on 32: the pickaxe's
+    cluttered start, whose text then names slots 2 and 32."""
     layout = lambda info: [{"item": s["type"], "count": s["quantity"], "slot": i}
                            for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"]
-    info, subtasks = _run(env, "craft_sticks", seed=7)
+    info, _ = _run(env, "craft_sticks", seed=7, clutter=1.0)
+    assert info["success"], info["inventory"]
+    assert [(it["item"], it["slot"]) for it in layout(info)] == [
+        ("default:leaves", 1), ("default:stick", 2), ("default:wood", 32)]
+    info, subtasks = _run(env, "craft_sticks", seed=7, clutter=0.0)
     assert info["success"] and "return_default:wood" in subtasks, subtasks
     pickaxe_start = load_task("craft_wooden_pickaxe").init["inventory"]
     assert layout(info) == sorted(pickaxe_start, key=lambda it: it["slot"])
     assert layout(info)[1]["slot"] == 32  # the spare planks: the slot farthest from slot 1
-    info, subtasks = _run(env, "craft_wooden_pickaxe", seed=7)  # 4 sticks from slot 1: 2 go to slot 32
+    info, subtasks = _run(env, "craft_wooden_pickaxe", seed=7, clutter=0.0)  # 4 sticks, slot 1: 2 to 32
     assert info["success"] and "return_default:stick" in subtasks, subtasks
     assert layout(info) == [{"item": "default:pick_wood", "count": 1, "slot": 1},
                             {"item": "default:stick", "count": 2, "slot": 32}]
