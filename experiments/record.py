@@ -104,8 +104,9 @@ def run(cfg, workdir: str) -> dict:
     tasks = [load_task(n) for n in cfg.tasks]  # shipped names, or task files' paths
     for t in tasks:
         expert_for(t)  # fail before starting the game if a task has no expert
-    counts = {t.name: n for t, n in zip(tasks, episodes_by_task(cfg).values(), strict=True)}
-    specs = [(n, cfg.seed + i) for n, t in zip(cfg.tasks, tasks, strict=True) for i in range(counts[t.name])]
+    episodes = episodes_by_task(cfg)  # by cfg.tasks' entries; the summary goes by task name
+    counts = {t.name: episodes[entry] for entry, t in zip(cfg.tasks, tasks, strict=True)}
+    specs = [(entry, cfg.seed + i) for entry in cfg.tasks for i in range(episodes[entry])]
     stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}
     bar = tqdm(total=len(specs), disable=not cfg.progress_bar, desc="episodes")

@@ -158,6 +158,17 @@ def test_an_instruction_names_the_slot_the_inventory_holds_its_item_in():
         task.instruction(_slots(("default:leaves", 4)))
 
 
+def test_a_task_varied_replaces_only_the_spread_it_names():
+    task = load_task("craft_planks")
+    always = task.varied(clutter=1.0)
+    assert always.init["vary"] == {**task.init["vary"], "clutter": 1.0}
+    assert task.init["vary"]["clutter"] == 0.5  # the task itself is unchanged
+    assert always.init["trees"] == task.init["trees"] and always.text == task.text
+    assert task_from_dict(_task()).varied(gap=0.5).init["vary"]["gap"] == 0.5  # on the defaults
+    with pytest.raises(TaskError, match=r"task craft_planks: unknown init.vary key\(s\) \['roll'\]"):
+        task.varied(roll=1.0)
+
+
 @pytest.mark.parametrize("text", ["dig {count} logs", "dig {slot:tree}", "dig }"])
 def test_a_text_with_another_placeholder_is_refused(text):
     with pytest.raises(TaskError, match=r"<dict>\.text: the only placeholder is \{slot:<mod>:<item>\}"):

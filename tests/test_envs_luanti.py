@@ -1,6 +1,5 @@
 """The Luanti backend against the real game under Xvfb: state read back through the bridge mod and frames."""
 
-import dataclasses
 import os
 import signal
 import time
@@ -294,9 +293,7 @@ def test_a_cluttered_start_holds_leaves_on_slot_1_and_the_log_on_slot_2(env):
     start's place and look are those of the same seed without it (drawn last)."""
     task = load_task("craft_planks")
     assert task.init["vary"]["clutter"] == 0.5  # as shipped: half the starts
-    with_clutter, task = (dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"],
-                                                                                "clutter": c}})
-                          for c in (1.0, 0.0))
+    with_clutter, task = task.varied(clutter=1.0), task.varied(clutter=0.0)
     env.randomize_init = True
     try:
         starts = [(env.reset(seed=s, options={"task": with_clutter})[1],
@@ -346,8 +343,7 @@ def test_a_start_beside_a_trunk_faces_its_gap(env):
     seed fixes which trunk and where."""
     from histeve_jax.envs.base import wrap_degrees, yaw_pitch_to
 
-    task = load_task("mine_log")
-    task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "beside": 1.0}})
+    task = load_task("mine_log").varied(beside=1.0)
     trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
     env.randomize_init = True
     try:

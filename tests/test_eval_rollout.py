@@ -65,10 +65,7 @@ def test_expert_episode_succeeds_and_its_records_follow_the_schema(env):
 def test_every_record_holds_the_instruction_read_from_the_first_state(env):
     """craft_planks names the log's slot: from a cluttered start (leaves on slot 1) every record of the
     episode, the last included (the log crafted away by then), says slot 2, what the agent was told."""
-    import dataclasses
-
-    task = load_task("craft_planks")
-    task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "clutter": 1.0}})
+    task = load_task("craft_planks").varied(clutter=1.0)
     env.randomize_init = True
     try:
         res = run_episode(env, task, 3, ExpertAgent())

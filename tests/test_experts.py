@@ -1,7 +1,5 @@
 """Scripted experts on the real game: they succeed through env-format actions only and name their subtasks."""
 
-import dataclasses
-
 import pytest
 
 from histeve_jax.envs import base, load_task, make
@@ -63,8 +61,7 @@ def env():
 def _run(env, name, seed, clutter=None):
     task = load_task(name)
     if clutter is not None:  # the chance of a cluttered start (``init.vary.clutter``), not the task's own
-        vary = {**task.init["vary"], "clutter": clutter}
-        task = dataclasses.replace(task, init={**task.init, "vary": vary})
+        task = task.varied(clutter=clutter)
     _, info = env.reset(seed=seed, options={"task": task})
     expert = expert_for(task)
     expert.reset(info)
@@ -299,7 +296,7 @@ def test_closing_the_inventory_returns_the_crafting_grid_to_the_inventory(env):
     return) leaves nothing in the grid once the inventory is closed; every plank is back in the inventory."""
     from histeve_jax.envs.experts import cursor_move
 
-    task = load_task("craft_sticks")  # 4 planks on slot 1
+    task = load_task("craft_sticks").varied(clutter=0.0)  # 4 planks on slot 1
     _, info = env.reset(seed=0, options={"task": task})
     at = [320.0, 180.0]  # the cursor starts at the centre
 

@@ -94,6 +94,15 @@ class Task:
         (``render_instruction``). Read once, where an episode or invocation starts."""
         return render_instruction(self.text, info, f"task {self.name}")
 
+    def varied(self, **vary: float) -> Task:
+        """This task with some of its start's spread replaced (``init.vary`` keys: ``clutter=1.0`` always
+        starts cluttered, ``clutter=0.0`` never); the task file is left as it is."""
+        unknown = set(vary) - set(DEFAULT_VARY)
+        if unknown:
+            raise TaskError(f"task {self.name}: unknown init.vary key(s) {sorted(unknown)}")
+        spread = {**DEFAULT_VARY, **self.init.get("vary", {}), **{k: float(v) for k, v in vary.items()}}
+        return dataclasses.replace(self, init={**self.init, "vary": spread})
+
     def subgoals_done(self, info: Mapping[str, Any]) -> list[str]:
         """Names of the subgoals whose checks hold on `info`."""
         return [name for name, check in self.subgoals if evaluate_check(check, info)]
@@ -271,7 +280,8 @@ def task_from_dict(d: Any, source: str = "<dict>") -> Task:
         raise TaskError(f"{source}.category: must be one of {CATEGORIES}, got {d['category']!r}")
     if not isinstance(d["text"], str) or not d["text"].strip():
         raise TaskError(f"{source}.text: must be a non-empty string")
-    if "{" in _SLOT_OF.sub("", d["text"]) or "}" in _SLOT_OF.sub("", d["text"]):
+    rest = _SLOT_OF.sub("", d["text"])
+    if "{" in rest or "}" in rest:
         raise TaskError(f"{source}.text: the only placeholder is {{slot:<mod>:<item>}}, got {d['text']!r}")
     if not isinstance(d["max_steps"], int) or d["max_steps"] < 1:
         raise TaskError(f"{source}.max_steps: must be a positive int, got {d['max_steps']!r}")
