@@ -104,8 +104,10 @@ def run(cfg, workdir: str) -> dict:
     tasks = [load_task(n) for n in cfg.tasks]  # shipped names, or task files' paths
     for t in tasks:
         expert_for(t)  # fail before starting the game if a task has no expert
-    episodes = episodes_by_task(cfg)  # by cfg.tasks' entries; the summary goes by task name
-    counts = {t.name: episodes[entry] for entry, t in zip(cfg.tasks, tasks, strict=True)}
+    episodes = episodes_by_task(cfg)  # by cfg.tasks' entries; the summary goes by task name, summing the
+    counts: dict[str, int] = {}  # entries of one name (a shipped task and task files that vary its start)
+    for entry, t in zip(cfg.tasks, tasks, strict=True):
+        counts[t.name] = counts.get(t.name, 0) + episodes[entry]
     specs = [(entry, cfg.seed + i) for entry in cfg.tasks for i in range(episodes[entry])]
     stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}

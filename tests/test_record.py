@@ -60,3 +60,25 @@ def test_per_task_episodes_name_recorded_tasks(tmp_path, bad, message):
     with pytest.raises(ValueError, match=message):
         run(cfg, str(tmp_path))
     assert not (tmp_path / "records").exists()  # refused before any game or shard
+
+
+def test_task_files_that_vary_a_shipped_task_add_up_under_its_name(tmp_path):
+    import yaml
+
+    from histeve_jax.envs.tasks import TASK_DIR
+
+    spec = yaml.safe_load((TASK_DIR / "place_dirt.yaml").read_text())  # a copy that starts turned
+    spec["init"] = {**spec["init"], "yaw": 90.0}
+    path = tmp_path / "place_dirt_turned.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    cfg = get_config("tiny")
+    cfg.tasks = ("place_dirt", str(path))
+    cfg.episodes = 1
+    cfg.task_episodes = f"{path}=2"
+    cfg.obs_size = (32, 48)
+    cfg.progress_bar = False
+    summary = run(cfg, str(tmp_path / "run"))
+    assert summary["tasks"].keys() == {"place_dirt"}
+    assert summary["tasks"]["place_dirt"]["episodes"] == 3
+    assert summary["tasks"]["place_dirt"]["successes"] == 3
+    assert summary["tasks"]["place_dirt"]["success_rate"] == 1.0
