@@ -84,8 +84,8 @@ def _is_oom(e: BaseException) -> bool:
 # ------------------------------------------------------------------------------------------------ ours
 
 
-def build_policy(variant: str, layers: int | None = None) -> tuple[Any, Any, Any, Any]:
-    """(policy with bf16 weights, its tokenizer, id_map or None, the plan config) of the variant's shape;
+def build_policy(variant: str, layers: int | None = None) -> tuple[Any, Any, Any]:
+    """(policy with bf16 weights, its tokenizer, id_map or None) of the ``rl_<variant>`` plan's shape;
     ``layers``: that many decoder and vision layers instead (a quick check of the path on a CPU)."""
     import dataclasses
 
@@ -116,7 +116,7 @@ def build_policy(variant: str, layers: int | None = None) -> tuple[Any, Any, Any
     features = setup.feature_spec(spec, cfg)
     tok, _ = load_tokenizer_with_actions(features)
     id_map = None if features.compact_vocab is None else features.compact_vocab.table(len(cfg.vocab.ids))
-    return policy, tok, id_map, config
+    return policy, tok, id_map
 
 
 def ceilings() -> dict[str, float]:
@@ -145,21 +145,16 @@ def prefill_flops(cfg: Any, batch: int, prompt_tokens: int) -> float:
     the vision tower over its patches (attention scores and the embedding/lm_head rows not counted)."""
     import math
 
+    import jax
     from flax import nnx
 
     from histeve_jax.policy import Policy
 
     model = nnx.eval_shape(lambda: Policy(cfg, rngs=nnx.Rngs(0))).model
-    count = lambda m: sum(math.prod(v.shape) for v in jax_leaves(nnx.state(m, nnx.Param)))
+    count = lambda m: sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(m, nnx.Param)))
     vision, decoder = count(model.visual), count(model.language_model.layers)
     patches = batch * cfg.num_frames * cfg.patches_per_image
     return 2.0 * (decoder * batch * prompt_tokens + vision * patches)
-
-
-def jax_leaves(tree: Any) -> list[Any]:
-    import jax
-
-    return jax.tree.leaves(tree)
 
 
 def run_jax(args: argparse.Namespace) -> None:
@@ -172,9 +167,9 @@ def run_jax(args: argparse.Namespace) -> None:
 
     out = os.path.join(args.out, "jax.json")
     t0 = time.perf_counter()
-    policy, tok, id_map, _ = build_policy(args.variant, args.layers)
+    policy, tok, id_map = build_policy(args.variant, args.layers)
     cfg = policy.config
-    weights = jax_leaves(nnx.state(policy.model, nnx.Param))
+    weights = jax.tree.leaves(nnx.state(policy.model, nnx.Param))
     weight_bytes = float(sum(w.size * w.dtype.itemsize for w in weights))
     jax.block_until_ready(weights)
     res: dict[str, Any] = {
