@@ -6,8 +6,9 @@ instruction; random action rows in lm_head so greedy actions vary) acts on B row
 ``--batches``. Ours: ``ActionSampler.sample``, what ``PolicyServer`` runs per batched call (prompt building
 and image preprocessing on the host, the jitted prefill + KV-cached grammar-constrained decode on the
 device, decoding to env actions). Theirs: the same weights exported with ``histeve_jax.export``
-(``histeve_action.HiSteveActor.act``: the directory's tokenizer and image processor, transformers'
-``generate`` with the grammar as a ``LogitsProcessor``), on the same observations. Both greedy, both bf16.
+(``histeve_action.HiSteveActor.act_tokens``, ``act`` without its table lookup: the directory's tokenizer and
+image processor, transformers' ``generate`` with the grammar as a ``LogitsProcessor``), on the same
+observations. Both greedy, both bf16.
 
 Each side runs in its own process (JAX's and torch's allocators each want the device): ``--side=jax``
 builds the policy, measures the device's copy bandwidth and bf16 matmul rate, exports the policy, times
@@ -183,13 +184,12 @@ def run_jax(args: argparse.Namespace) -> None:
     print(f"[jax] copy {res['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"bf16 matmul {res['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
     _write(out, res)
-    if args.export:
-        t0 = time.perf_counter()
-        export_policy(policy, tok, args.export, frame_format="png", id_map=id_map, dtype="bfloat16",
-                      overwrite=True)
-        res["export_s"] = time.perf_counter() - t0
-        print(f"[jax] exported to {args.export} in {res['export_s']:.1f} s", flush=True)
-        _write(out, res)
+    t0 = time.perf_counter()
+    export_policy(policy, tok, args.export, frame_format="png", id_map=id_map, dtype="bfloat16",
+                  overwrite=args.overwrite_export)
+    res["export_s"] = time.perf_counter() - t0
+    print(f"[jax] exported to {args.export} in {res['export_s']:.1f} s", flush=True)
+    _write(out, res)
 
     sampler = ActionSampler(policy)
     processor = policy_processor(cfg, tok)
@@ -326,7 +326,10 @@ def table(out: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="directory for jax.json, torch.json and table.txt")
-    p.add_argument("--export", default=None, help="the export directory (default: <out>/policy)")
+    p.add_argument("--export", default=None,
+                   help="the export directory (default: <out>/policy, replaced on a rerun)")
+    p.add_argument("--overwrite_export", action="store_true",
+                   help="replace an earlier export at --export (the default location is always replaced)")
     p.add_argument("--variant", default="qwen7b", choices=("qwen7b", "tiny"))
     p.add_argument("--batches", default="1,8,32,128")
     p.add_argument("--reps", type=int, default=6,
@@ -336,6 +339,7 @@ def main() -> None:
     args = p.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     os.makedirs(args.out, exist_ok=True)
+    args.overwrite_export = args.overwrite_export or args.export is None
     args.export = os.path.abspath(args.export or os.path.join(args.out, "policy"))
     if args.side == "jax":
         return run_jax(args)
@@ -346,6 +350,7 @@ def main() -> None:
                 f"--export={args.export}", f"--variant={args.variant}",
                 f"--batches={','.join(map(str, args.batches))}",
                 f"--reps={args.reps}", f"--layers={args.layers}"]
+        base += ["--overwrite_export"] if args.overwrite_export else []
         subprocess.run(base + ["--side=jax"], check=True)
         torch_run = subprocess.run(base + ["--side=torch"])
         if torch_run.returncode:
