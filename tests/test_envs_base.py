@@ -167,6 +167,8 @@ def test_a_task_varied_replaces_only_the_spread_it_names():
     assert task_from_dict(_task()).varied(gap=0.5).init["vary"]["gap"] == 0.5  # on the defaults
     with pytest.raises(TaskError, match=r"task craft_planks: unknown init.vary key\(s\) \['roll'\]"):
         task.varied(roll=1.0)
+    with pytest.raises(TaskError, match=r"craft_planks: init\.vary\.clutter: must be a number in \[0, 1"):
+        task.varied(clutter=2.0)
 
 
 @pytest.mark.parametrize("text", ["dig {count} logs", "dig {slot:tree}", "dig }"])

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from experiments.benchmarks.timing import wall_times
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 INSTRUCTION = "chop the tree in front of you to get a log"
@@ -58,12 +60,7 @@ def observations(n: int, frames: int, size: tuple[int, int], seed: int = 0) -> t
 
 
 def _times(fn: Any, reps: int) -> list[float]:
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return ts
+    return wall_times(fn, reps, warmup=0)  # the first call is timed apart (compilation)
 
 
 def _reps(batch: int, reps: int) -> int:

@@ -41,7 +41,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # 3000 steps once craft_planks started from any view (its task's init.vary); 6000 since it starts
         # half the time from a cluttered inventory, its log's slot named in the instruction (2026-12-05):
         # at 3000 it crafted in 2 of 20 (clean starts 1/10 too: underfit, held-out loss 0.085), at 6000 in
-        # 20 of 20, build_wall then 10/20 (one run each; README, the main job).
+        # 20 of 20, build_wall then 10/20; run again at 6000: build_wall 18/20, craft_planks 16/20 (README,
+        # the main job).
         c.num_train_steps = 6000
         c.eval_every = 2000
         c.checkpoint_every = 2000

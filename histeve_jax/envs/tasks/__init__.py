@@ -100,7 +100,8 @@ class Task:
         unknown = set(vary) - set(DEFAULT_VARY)
         if unknown:
             raise TaskError(f"task {self.name}: unknown init.vary key(s) {sorted(unknown)}")
-        spread = {**DEFAULT_VARY, **self.init.get("vary", {}), **{k: float(v) for k, v in vary.items()}}
+        given = {k: _vary_value(k, v, f"task {self.name}: init") for k, v in vary.items()}
+        spread = {**DEFAULT_VARY, **self.init.get("vary", {}), **given}
         return dataclasses.replace(self, init={**self.init, "vary": spread})
 
     def subgoals_done(self, info: Mapping[str, Any]) -> list[str]:
@@ -193,6 +194,13 @@ _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", 
 # one slot on and up to two items larger; no task draws it now: README, "The GUI").
 DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0, "clutter": 0.0}
 _VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0, "clutter": 1.0}
+
+
+def _vary_value(key: str, v: Any, where: str) -> float:
+    """``init.vary``'s value for ``key`` as a float; a TaskError naming ``where`` if out of its range."""
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= _VARY_MAX[key]:
+        raise TaskError(f"{where}.vary.{key}: must be a number in [0, {_VARY_MAX[key]}], got {v!r}")
+    return float(v)
 CLUTTER_ITEM, CLUTTER_MAX = "default:leaves", 6  # what a chop that dug into the crown leaves on slot 1
 
 
@@ -258,10 +266,7 @@ def _validate_init(init: Any, where: str) -> dict[str, Any]:
         if not isinstance(vary, Mapping) or set(vary) - set(DEFAULT_VARY):
             raise TaskError(f"{where}.vary: must be a mapping with keys from {sorted(DEFAULT_VARY)}, "
                             f"got {vary!r}")
-        for k, v in vary.items():
-            if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= _VARY_MAX[k]:
-                raise TaskError(f"{where}.vary.{k}: must be a number in [0, {_VARY_MAX[k]}], got {v!r}")
-        out["vary"] = {**DEFAULT_VARY, **{k: float(v) for k, v in vary.items()}}
+        out["vary"] = {**DEFAULT_VARY, **{k: _vary_value(k, v, where) for k, v in vary.items()}}
     return out
 
 
