@@ -172,3 +172,21 @@ def test_killed_learner_resumes_exactly_and_the_reference_is_frozen(start_run, t
     batch = next(it)
     assert batch["ref_logp"].shape == (rl.batch_size, spec.model.max_targets)
     assert batch["rl_row"].sum() == 2 and batch["replay_row"].sum() == 2 and (batch["pair"] >= 0).sum() == 4
+
+
+def test_before_and_after_evaluations_render_at_the_policys_image_size(start_run, tmp_path):
+    """The RL run's evaluations play the games at the start run's frame size, as its actors do (they once
+    played at EvalSpec's default 56x56, which a 112x196 policy saw upscaled: 1/20 crafts where its own
+    evaluation had 16/20)."""
+    import json
+
+    from histeve_jax.rl.driver import eval_spec, resolve
+
+    start, _ = start_run
+    c = rl_config("tiny")
+    c.start_run, c.workdir, c.task = start, str(tmp_path / "rl"), "craft_planks"
+    _, task, _, cfg = resolve(c)
+    spec = eval_spec(c, start, task, str(tmp_path / "eval_before"), cfg.data.image_size)
+    want = tuple(json.load(open(os.path.join(start, "config.json")))["data"]["image_size"])
+    assert spec.obs_size == want != (56, 56)
+    assert (spec.tasks, spec.policy, spec.max_steps, spec.episodes) == (("craft_planks",), start, 120, 20)

@@ -81,14 +81,22 @@ def weakest_task(summary: Mapping[str, Any]) -> str:
     return min(some, key=lambda t: rows[t]["success_rate"])  # ties: the first in the evaluation's order
 
 
-def _evaluate(c: Any, policy: str, task: str, out_dir: str) -> dict[str, Any]:
-    from histeve_jax.eval.evaluate import EvalSpec, evaluate
+def eval_spec(c: Any, policy: str, task: str, out_dir: str, image_size: Any) -> Any:
+    """The before/after evaluation of ``policy`` on ``task``: the games render at the policy's
+    ``image_size``, as the actors' do (at EvalSpec's default 56x56 a 112x196 policy saw upscaled frames,
+    and crafted in 1 of 20 episodes where its own evaluation had 16)."""
+    from histeve_jax.eval.evaluate import EvalSpec
 
-    spec = EvalSpec(tasks=(task,), episodes=c.eval.episodes, seed=c.eval.seed, agents=("policy",),
+    return EvalSpec(tasks=(task,), episodes=c.eval.episodes, seed=c.eval.seed, agents=("policy",),
                     policy=policy, max_steps=c.eval.max_steps, instances=c.instances, out_dir=out_dir,
                     temperature=c.eval.temperature, greedy=c.eval.greedy, progress_bar=False,
-                    env=dict(c.env), ray_address=c.ray_address)
-    return evaluate(spec)["results"]["policy"][task]
+                    obs_size=tuple(int(v) for v in image_size), env=dict(c.env), ray_address=c.ray_address)
+
+
+def _evaluate(c: Any, policy: str, task: str, out_dir: str, image_size: Any) -> dict[str, Any]:
+    from histeve_jax.eval.evaluate import evaluate
+
+    return evaluate(eval_spec(c, policy, task, out_dir, image_size))["results"]["policy"][task]
 
 
 def resolve(c: Any) -> tuple[RLSpec, str, str, Any]:
@@ -170,13 +178,14 @@ def run_rl(c: Any) -> dict[str, Any]:
     if os.path.exists(os.path.join(rl.rollout_dir, DONE_FILE)):
         os.remove(os.path.join(rl.rollout_dir, DONE_FILE))  # a rerun continues the stream
 
-    before = _evaluate(c, c.start_run, task, os.path.join(c.workdir, "eval_before"))
+    image_size = cfg.data.image_size
+    before = _evaluate(c, c.start_run, task, os.path.join(c.workdir, "eval_before"), image_size)
     learner = multiprocessing.get_context("spawn").Process(
         target=run_learner, args=(cfg.to_json_best_effort(), rl), name="rl-learner")
     learner.start()
     t0 = time.monotonic()
     try:
-        actors = run_actors(c, rl, task, learner_dir, cfg.data.image_size, t0 + 60.0 * c.train_minutes)
+        actors = run_actors(c, rl, task, learner_dir, image_size, t0 + 60.0 * c.train_minutes)
     finally:
         learner.join(timeout=900)  # it drains the groups written, then saves its last step
         if learner.is_alive():
@@ -184,7 +193,8 @@ def run_rl(c: Any) -> dict[str, Any]:
             learner.join(timeout=60)
     step = latest_step(learner_dir)
     status = _learner_status(rl.rollout_dir)
-    after = _evaluate(c, learner_dir, task, os.path.join(c.workdir, "eval_after")) if step else before
+    after = (_evaluate(c, learner_dir, task, os.path.join(c.workdir, "eval_after"), image_size) if step
+             else before)
     summary = {"task": task, "before": before, "after": after, "actors": actors, "learner_step": step,
                "learner": status, "train_s": time.monotonic() - t0}
     with open(os.path.join(c.workdir, "rl_summary.json"), "w") as f:
