@@ -128,8 +128,9 @@ def play(c: Any, workdir: str, policy: str, detector: str, planner: Any) -> dict
 
     p = c.play
     spec = SuiteSpec(tasks=tuple(p.tasks), episodes=p.episodes, seed=p.seed, executors=("policy", "expert"),
-                     policy=policy, greedy=p.greedy, temperature=p.temperature, inject=p.inject,
-                     policy_max_steps=p.policy_max_steps, out_dir=os.path.join(workdir, "longhorizon"),
+                     policy=policy, greedy=p.greedy, temperature=p.temperature, top_p=p.top_p,
+                     inject=p.inject, policy_max_steps=p.policy_max_steps,
+                     out_dir=os.path.join(workdir, "longhorizon"),
                      reports=p.reports, env=dict(p.env), harness=HarnessSpec(**dict(p.harness)),
                      detector=detector, detector_every=p.detector_every, completion="both", goal_only=True,
                      resume=True)

@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     try:
         spec = SuiteSpec(tasks=tuple(c.tasks), episodes=c.episodes, seed=c.seed, executors=executors,
                          policy=c.policy, step=None if c.step < 0 else c.step, greedy=c.greedy,
-                         temperature=c.temperature, inject=c.inject, max_steps=c.max_steps,
+                         temperature=c.temperature, top_p=c.top_p, inject=c.inject, max_steps=c.max_steps,
                          policy_max_steps=c.policy_max_steps, obs_size=tuple(c.obs_size), out_dir=c.out_dir,
                          reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)),
                          detector=c.detector, detector_every=c.detector_every, completion=c.completion,

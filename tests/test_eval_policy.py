@@ -125,6 +125,10 @@ def test_bad_runs_are_one_clear_error(run_dir, tmp_path):
         check(EvalSpec(tasks=(str(tmp_path / "place_two.yaml"),), episodes=1, seed=0, agents=("expert",)))
     with pytest.raises(ValueError, match="needs policy="):
         EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("policy",))
+    with pytest.raises(ValueError, match="top_p"):
+        EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("expert",), top_p=0.0)
+    with pytest.raises(ValueError, match="obs_size"):
+        EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("expert",), obs_size=(112,))
 
 
 def test_the_policy_server_batches_concurrent_requests(run_dir):
@@ -145,6 +149,15 @@ def test_the_policy_server_batches_concurrent_requests(run_dir):
                          greedy=True)
     assert a["tokens"] == want[0].tokens and b["tokens"] == want[1].tokens
     assert a["regime"] == 0 and b["regime"] == 1
+    # A vanishing nucleus keeps only the most likely token: the sampling server acts greedily.
+    nucleus = PolicyServer(run_dir, max_batch=2, max_wait_s=0.5, top_p=1e-6, seed=3)
+
+    async def two_sampled():
+        return await asyncio.gather(nucleus.act(frames, "place a dirt block on the ground", 0),
+                                    nucleus.act(frames, "place a dirt block on the ground", 1))
+
+    c, d = asyncio.run(two_sampled())
+    assert c["tokens"] == a["tokens"] and d["tokens"] == b["tokens"]
 
 
 @pytest.mark.game
@@ -160,6 +173,9 @@ def test_the_policy_plays_in_the_game_recorded_beside_the_expert(run_dir, tmp_pa
     recs = [r for p in records_lib.shard_paths(tmp_path / "eval" / "records" / "policy")
             for r in records_lib.read_shard(p)]
     assert recs and all(r.kind == "eval" for r in recs) and recs[-1].done
+    # No obs_size given: the games render at the run's training frame size (112x196), not a default.
+    assert summary["obs_size"] == [112, 196] == list(load_run(run_dir).config.image_size)
+    assert records_lib.decode_frame(recs[0].frame).shape[:2] == (112, 196)
     config = load_run(run_dir).config
     for r in recs[:-1]:  # the recorded action is what the recorded tokens decode to, in the step's regime
         toks, lps = r.metadata["action_tokens"], r.metadata["action_logprobs"]

@@ -210,6 +210,49 @@ def test_sampled_logprobs_are_the_masked_softmax_of_the_full_forward():
         state = G.advance(g, state, jnp.asarray(out.tokens[:, i]))
 
 
+def test_nucleus_sampling_draws_only_from_the_nucleus_with_its_renormalised_logprobs():
+    """top_p: every sampled token lies in the nucleus of the grammar-masked distribution of an uncached
+    forward (the most likely tokens whose mass reaches top_p), its log-prob is under the renormalised nucleus,
+    and a vanishing top_p is greedy."""
+    policy = with_random_action_rows(Policy(tiny_config(), rngs=nnx.Rngs(6)), seed=6)
+    regimes = np.array([0, 1, 0, 1, 0, 0])
+    ids, am, pv = make_prompts(policy.config, regimes, seed=3)
+    sampler = ActionSampler(policy)
+    greedy = sampler(ids, am, pv, regimes, jax.random.key(0), greedy=True).tokens
+    for k in range(3):
+        tiny = sampler(ids, am, pv, regimes, jax.random.key(k), temperature=1.0, top_p=1e-6).tokens
+        np.testing.assert_array_equal(tiny, greedy)
+    g = grammar_of(policy.config)
+    grid = policy.config.image_grid(len(regimes) * policy.config.num_frames)
+    end = policy.config.vocab.id_of(policy.config.vocab.slots.end)
+    B, T = ids.shape
+    top_p, outside_full = 0.6, 0
+    for k in range(4):
+        out = sampler(ids, am, pv, regimes, jax.random.key(10 + k), temperature=1.0, top_p=top_p)
+        M = out.tokens.shape[1]
+        seq = np.concatenate([ids, out.tokens], 1)
+        mask = np.concatenate([am, np.ones((B, M), np.int32)], 1)
+        logits = policy.model(jnp.asarray(seq), attention_mask=jnp.asarray(mask),
+                              pixel_values=jnp.asarray(pv), image_grid_thw=grid, regime=jnp.asarray(regimes))
+        state = G.start_state(jnp.asarray(regimes))
+        for i in range(M):
+            done = np.asarray(G.is_done(state))
+            step_logits = logits[:, T + i - 1].astype(jnp.float32)
+            probs = np.asarray(jax.nn.softmax(G.mask_logits(g, state, step_logits)))
+            for b in np.flatnonzero(~done):
+                order = np.argsort(-probs[b])
+                before = np.cumsum(probs[b][order]) - probs[b][order]
+                nucleus = order[(before < top_p) | (np.arange(len(order)) == 0)]
+                tok = int(out.tokens[b, i])
+                assert tok in nucleus, (k, i, b)
+                want = np.log(probs[b, tok] / probs[b, nucleus].sum())
+                np.testing.assert_allclose(out.logprobs[b, i], want, rtol=1e-4, atol=1e-5)
+                outside_full += int(len(nucleus) < int((probs[b] > 0).sum()))
+            assert (out.tokens[done, i] == end).all()
+            state = G.advance(g, state, jnp.asarray(out.tokens[:, i]))
+    assert outside_full > 0  # the nucleus did cut allowed tokens somewhere: the check above had teeth
+
+
 def test_greedy_act_equals_transformers_generate_under_the_grammar(qwen_tiny_dir):
     """ActionSampler (KV cache, M-RoPE decode positions, left padding, RS-Norm rows, grammar mask) against
     transformers' own generate with the same automaton as a LogitsProcessor, on a batch of left-padded

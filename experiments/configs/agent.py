@@ -45,6 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     p.detector_every = 2
     p.greedy = False
     p.temperature = 1.0
+    p.top_p = 1.0
     p.reports = 2  # HTML reports for the first episodes of each task and row
     p.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
     p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3})

@@ -33,11 +33,12 @@ def eval_fields(variant: str = "tiny") -> ml_collections.ConfigDict:
     c.step = -1  # its checkpoint; -1: the latest
     c.greedy = False
     c.temperature = 1.0
+    c.top_p = 1.0  # < 1: sample each action token from its nucleus
     # Steps per episode: about 3x the expert's longest (craft_planks, 44), so a failure costs 6 s of game
     # time rather than the task's full budget (200-400 steps).
     c.max_steps = 120
     c.instances = 2
-    c.obs_size = (56, 56)
+    c.obs_size = ()  # (H, W); (): the policy run's image size (56x56 for the expert and random alone)
     c.out_dir = ""  # "": <policy workdir>/eval
     c.reports = 1
     c.progress_bar = True

@@ -25,6 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.step = -1
     c.greedy = False
     c.temperature = 1.0
+    c.top_p = 1.0
     c.inject = True
     c.max_steps = 0  # 0: the task's budget for experts, policy_max_steps for the policy
     c.policy_max_steps = 2000

@@ -50,9 +50,12 @@ class EvalSpec:
     step: int | None = None  # its checkpoint (None: the latest)
     greedy: bool = False
     temperature: float = 1.0
+    top_p: float = 1.0  # nucleus sampling (1: the whole distribution)
     max_steps: int = 0  # per episode; 0: the task's own budget
     instances: int = 1  # games in parallel
-    obs_size: tuple[int, int] = (56, 56)  # (H, W) of the frames the agents see and the records keep
+    # (H, W) of the frames the agents see and the records keep; (): the policy run's image size (the frames it
+    # was trained on; 56x56 without a policy)
+    obs_size: tuple[int, ...] = ()
     out_dir: str = "/tmp/histeve_runs/evaluate"
     reports: int = 1  # HTML reports of the first episodes of each (task, agent)
     progress_bar: bool = True
@@ -69,6 +72,11 @@ class EvalSpec:
         if self.episodes < 1 or self.instances < 1:
             raise ValueError(f"eval: episodes ({self.episodes}) and instances ({self.instances}) must be "
                              ">= 1")
+        if self.obs_size and (len(self.obs_size) != 2 or min(self.obs_size) < 1):
+            raise ValueError(f"eval: obs_size {tuple(self.obs_size)} must be (H, W), or () for the policy's")
+        if not 0 < self.top_p <= 1 or self.temperature < 0:
+            raise ValueError(f"eval: top_p ({self.top_p}) must be in (0, 1] and temperature "
+                             f"({self.temperature}) >= 0")
 
     @classmethod
     def from_config(cls, c: Any, **over: Any) -> EvalSpec:
@@ -81,7 +89,7 @@ class EvalSpec:
         given.update(over)
         given["tasks"] = tuple(given["tasks"])
         given["agents"] = tuple(given.get("agents", AGENTS))
-        given["obs_size"] = tuple(int(v) for v in given.get("obs_size", (56, 56)))
+        given["obs_size"] = tuple(int(v) for v in given.get("obs_size", ()))
         if given.get("step") in (-1, ""):
             given["step"] = None
         return cls(**given)
@@ -104,6 +112,13 @@ def check(spec: EvalSpec) -> Any:
 
         return load_run(spec.policy, spec.step)
     return None
+
+
+def frame_size(spec: EvalSpec, loaded: Any) -> tuple[int, int]:
+    """(H, W) the games render at: ``spec.obs_size``, else the loaded policy's image size, else 56x56."""
+    if spec.obs_size:
+        return tuple(int(v) for v in spec.obs_size)
+    return tuple(int(v) for v in loaded.config.image_size) if loaded is not None else (56, 56)
 
 
 def _row(results: Sequence[Any]) -> dict[str, Any]:
@@ -154,11 +169,14 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
         with warnings.catch_warnings():  # Ray's fork is an exec of its own processes, not a JAX program
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
             ray.init(logging_level="ERROR", log_to_driver=False, **kw)
-    env_kwargs = {"obs_size": tuple(spec.obs_size), **dict(spec.env)}
+    env_kwargs = {"obs_size": frame_size(spec, loaded), **dict(spec.env)}
     names = [load_task(t).name for t in spec.tasks]  # a task may be given by its file's path
     summary: dict[str, Any] = {"tasks": names, "agents": list(spec.agents), "results": {},
                                "seeds": [spec.seed + i for i in range(spec.episodes)],
-                               "policy": spec.policy, "out_dir": spec.out_dir, "reports": []}
+                               "policy": spec.policy, "out_dir": spec.out_dir, "reports": [],
+                               "sampling": {"greedy": spec.greedy, "temperature": spec.temperature,
+                                            "top_p": spec.top_p},
+                               "obs_size": list(env_kwargs["obs_size"])}
     specs = [EpisodeSpec(t, spec.seed + i, spec.max_steps or None) for t in spec.tasks
              for i in range(spec.episodes)]
     bar = tqdm(total=len(specs) * len(spec.agents), desc="evaluate", unit="ep", disable=not spec.progress_bar,
@@ -173,7 +191,7 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
 
                     server = ray.remote(num_cpus=0)(PolicyServer).remote(
                         spec.policy, loaded.step, max_batch=spec.instances, greedy=spec.greedy,
-                        temperature=spec.temperature)
+                        temperature=spec.temperature, top_p=spec.top_p)
                     history, stride, summary["policy_checkpoint"] = ray.get(server.layout.remote())
                     factory = PolicyAgentFactory(server, history, stride)
                 elif agent == "expert":

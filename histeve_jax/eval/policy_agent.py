@@ -96,7 +96,7 @@ class LoadedPolicy:
         return {"input_ids": ids, "attention_mask": mask, "pixel_values": pv}
 
     def sample(self, observations: Sequence[Observation], regimes: Sequence[Any], rng: jax.Array, *,
-               temperature: float = 1.0, greedy: bool = False,
+               temperature: float = 1.0, greedy: bool = False, top_p: float = 1.0,
                batch: int | None = None) -> list[SampledAction]:
         """One ``SampledAction`` per observation; ``batch`` pads the rows to a fixed count (one shape)."""
         n = len(observations)
@@ -105,7 +105,7 @@ class LoadedPolicy:
         if batch is not None and batch > n:
             reg = np.r_[reg, np.full(batch - n, reg[-1])]
         out = self.sampler(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"], reg, rng,
-                           temperature=temperature, greedy=greedy)
+                           temperature=temperature, greedy=greedy, top_p=top_p)
         end = self.sampler.end
         rows = []
         for (action, regime), toks, lps in zip(decode_actions(self.config, out.tokens[:n]), out.tokens[:n],
@@ -190,10 +190,11 @@ class PolicyServer:
     """
 
     def __init__(self, workdir: str, step: int | None = None, *, max_batch: int = 1,
-                 max_wait_s: float = 0.004, temperature: float = 1.0, greedy: bool = False, seed: int = 0):
+                 max_wait_s: float = 0.004, temperature: float = 1.0, greedy: bool = False, seed: int = 0,
+                 top_p: float = 1.0):
         self.loaded = load_run(workdir, step)
         self.max_batch, self.max_wait_s = int(max_batch), float(max_wait_s)
-        self.temperature, self.greedy = float(temperature), bool(greedy)
+        self.temperature, self.greedy, self.top_p = float(temperature), bool(greedy), float(top_p)
         self._key = jax.random.key(seed)
         self._calls = 0
         self._queue: list[tuple[Observation, int, asyncio.Future]] = []
@@ -237,7 +238,8 @@ class PolicyServer:
         self._calls += 1
         try:
             rows = self.loaded.sample([b[0] for b in batch], [b[1] for b in batch], key,
-                                      temperature=self.temperature, greedy=self.greedy, batch=self.max_batch)
+                                      temperature=self.temperature, greedy=self.greedy, top_p=self.top_p,
+                                      batch=self.max_batch)
         except Exception as e:  # every waiting row gets the error, none waits forever
             for *_, fut in batch:
                 fut.set_exception(e)

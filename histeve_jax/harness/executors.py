@@ -138,13 +138,14 @@ class PolicyExecutor:
     does once its output is in the inventory) first closes it, as the expert executor does: every
     demonstration starts from the world view, the GUI opened by the policy's own first key."""
 
-    def __init__(self, loaded: Any, *, greedy: bool = False, temperature: float = 1.0, seed: int = 0,
-                 name: str = "policy"):
+    def __init__(self, loaded: Any, *, greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+                 seed: int = 0, name: str = "policy"):
         import jax
 
         from histeve_jax.eval.policy_agent import FrameHistory
 
-        self.loaded, self.greedy, self.temperature, self.name = loaded, greedy, temperature, name
+        self.loaded, self.name = loaded, name
+        self.greedy, self.temperature, self.top_p = greedy, temperature, top_p
         self.frames = FrameHistory(loaded.history, loaded.stride)
         self._key = jax.random.key(seed)
         self._calls = 0
@@ -175,7 +176,7 @@ class PolicyExecutor:
         key = jax.random.fold_in(self._key, self._calls)
         self._calls += 1
         row = self.loaded.sample([(frames, self.instruction)], [int(bool(info["is_gui_open"]))], key,
-                                 temperature=self.temperature, greedy=self.greedy)[0]
+                                 temperature=self.temperature, greedy=self.greedy, top_p=self.top_p)[0]
         return Decision(action=row.action, subtask=self._label, tokens=row.tokens, logprobs=row.logprobs,
                         text=action_text(row.action))
 

@@ -13,7 +13,7 @@ seconds and tokens). An episode whose game failed is retried once on the same se
 procedural memory it wrote discarded. The policy's invocations end by the trained detector when
 ``detector`` names a run (``harness.completion``), by the privileged check otherwise, or both as two rows
 (``completion``); ``resume`` reads back the episodes an earlier run of the same ``out_dir`` played (one
-whose game failed twice is played again).
+whose game failed twice, or a policy row's episode played at another sampling, is played again).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class SuiteSpec:
     step: int | None = None
     greedy: bool = False
     temperature: float = 1.0
+    top_p: float = 1.0  # the policy's nucleus (1: the whole distribution)
     inject: bool = True
     max_steps: int = 0  # per episode; 0: the task's budget
     policy_max_steps: int = 2000
@@ -99,6 +100,8 @@ def check(spec: SuiteSpec) -> None:
             raise FileNotFoundError(f"detector={spec.detector}: no such directory")
     if spec.detector_every < 1:
         raise ValueError(f"detector_every must be >= 1, got {spec.detector_every}")
+    if not 0 < spec.top_p <= 1 or spec.temperature < 0:
+        raise ValueError(f"top_p ({spec.top_p}) must be in (0, 1] and temperature ({spec.temperature}) >= 0")
 
 
 def _episode_json(res: EpisodeResult, agent: Any, fired: list) -> dict[str, Any]:
@@ -126,13 +129,29 @@ def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
     return res
 
 
-def _finished(path: str) -> dict[str, Any] | None:
-    """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short)."""
+DEFAULT_SAMPLING = {"greedy": False, "temperature": 1.0, "top_p": 1.0}
+
+
+def sampling_of(spec: SuiteSpec, label: str) -> dict[str, Any] | None:
+    """How a row's actions are drawn: the policy rows' sampling, None for the experts."""
+    if label.startswith("policy"):
+        return {"greedy": bool(spec.greedy), "temperature": float(spec.temperature),
+                "top_p": float(spec.top_p)}
+    return None
+
+
+def _finished(path: str, sampling: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short) with
+    the same sampling (an episode written before the sampling was recorded was played at the default)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         row = json.load(f)
-    return None if row.get("interrupted") else row
+    if row.get("interrupted"):
+        return None
+    if sampling is not None and row.get("sampling", DEFAULT_SAMPLING) != sampling:
+        return None
+    return row
 
 
 def _summary_row(row: dict[str, Any], label: str, task: str, seed: int) -> dict[str, Any]:
@@ -166,7 +185,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
         from histeve_jax.harness.executors import PolicyExecutor
 
         loaded = load_run(spec.policy, spec.step)
-        executors["policy"] = PolicyExecutor(loaded, greedy=spec.greedy, temperature=spec.temperature)
+        executors["policy"] = PolicyExecutor(loaded, greedy=spec.greedy, temperature=spec.temperature,
+                                             top_p=spec.top_p)
         obs_size = tuple(spec.obs_size) or tuple(loaded.config.image_size)
         if policy_completion(spec) in ("detector", "both"):
             from histeve_jax.harness.completion import load_detector_completion
@@ -193,7 +213,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                     for label, agent in runs:
                         d = os.path.join(spec.out_dir, "episodes", label)
                         path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
-                        row = _finished(path) if spec.resume else None
+                        sampling = sampling_of(spec, label)
+                        row = _finished(path, sampling) if spec.resume else None
                         if row is not None:  # played to the end by an earlier run: read back
                             rows.append(_summary_row(row, label, task_name, spec.seed + i))
                             if on_episode is not None:
@@ -202,6 +223,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                         res = _run(env, task, spec.seed + i, agent, budget, spec.inject, procedural)
                         row = _episode_json(res, agent, env.fired)
                         row["executor"] = label
+                        if sampling is not None:
+                            row["sampling"] = sampling
                         os.makedirs(d, exist_ok=True)
                         with open(path + ".tmp", "w") as f:
                             json.dump(row, f, indent=1, default=str)

@@ -87,15 +87,21 @@ class ActionSampler:
         *,
         temperature: float = 1.0,
         greedy: bool = False,
+        top_p: float = 1.0,
     ) -> ActionTokens:
-        """Sample one action per row of [B, T] prompts (any padding): tokens and their log-probs."""
+        """Sample one action per row of [B, T] prompts (any padding): tokens and their log-probs.
+
+        ``top_p`` < 1 samples each token from its nucleus (the most likely tokens whose mass reaches
+        ``top_p``, after the grammar's mask and the temperature); the log-probs are then under that
+        truncated distribution, which the RL learner cannot reproduce, so RL's actors keep ``top_p = 1``.
+        """
         if self._stale():
             self.refresh()
         input_ids = as_input(input_ids, np.int32)
         regime = np.broadcast_to(np.asarray(regime, np.int32), (input_ids.shape[0],))
         pv, grid = flat_pixels(self._config, {"pixel_values": pixel_values})
         options = SamplingOptions(
-            max_new_tokens=self.max_len, temperature=0.0 if greedy else temperature,
+            max_new_tokens=self.max_len, temperature=0.0 if greedy else temperature, top_p=top_p,
             stop_token_ids=(self.end,), pad_token_id=self.end,  # rows that finish early read END after
         )
         out = self._sampler(
@@ -115,6 +121,7 @@ class ActionSampler:
         id_map: np.ndarray | None = None,
         temperature: float = 1.0,
         greedy: bool = False,
+        top_p: float = 1.0,
     ) -> list[SampledAction]:
         """(frames, instruction) per row -> one env-format action per row, in that row's regime.
 
@@ -123,7 +130,7 @@ class ActionSampler:
         """
         inputs = observation_inputs(self._config, processor, observations, id_map=id_map)
         out = self(inputs["input_ids"], inputs["attention_mask"], inputs["pixel_values"],
-                   regime_array(regimes), rng, temperature=temperature, greedy=greedy)
+                   regime_array(regimes), rng, temperature=temperature, greedy=greedy, top_p=top_p)
         decoded = decode_actions(self._config, out.tokens)
         rows = []
         for (action, regime), toks, lps in zip(decoded, out.tokens, out.logprobs, strict=True):
