@@ -38,6 +38,13 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def sampling_settings(greedy: bool, temperature: float, top_p: float, where: str) -> dict[str, Any]:
+    """How a policy's actions are drawn, checked (ValueError naming ``where``) and as summaries record it."""
+    if not 0 < top_p <= 1 or temperature < 0:
+        raise ValueError(f"{where}: top_p ({top_p}) must be in (0, 1] and temperature ({temperature}) >= 0")
+    return {"greedy": bool(greedy), "temperature": float(temperature), "top_p": float(top_p)}
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
     """What to evaluate, on which held-out seeds, where the results go."""
@@ -74,9 +81,7 @@ class EvalSpec:
                              ">= 1")
         if self.obs_size and (len(self.obs_size) != 2 or min(self.obs_size) < 1):
             raise ValueError(f"eval: obs_size {tuple(self.obs_size)} must be (H, W), or () for the policy's")
-        if not 0 < self.top_p <= 1 or self.temperature < 0:
-            raise ValueError(f"eval: top_p ({self.top_p}) must be in (0, 1] and temperature "
-                             f"({self.temperature}) >= 0")
+        sampling_settings(self.greedy, self.temperature, self.top_p, "eval")
 
     @classmethod
     def from_config(cls, c: Any, **over: Any) -> EvalSpec:
@@ -174,8 +179,8 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
     summary: dict[str, Any] = {"tasks": names, "agents": list(spec.agents), "results": {},
                                "seeds": [spec.seed + i for i in range(spec.episodes)],
                                "policy": spec.policy, "out_dir": spec.out_dir, "reports": [],
-                               "sampling": {"greedy": spec.greedy, "temperature": spec.temperature,
-                                            "top_p": spec.top_p},
+                               "sampling": sampling_settings(spec.greedy, spec.temperature, spec.top_p,
+                                                             "eval"),
                                "obs_size": list(env_kwargs["obs_size"])}
     specs = [EpisodeSpec(t, spec.seed + i, spec.max_steps or None) for t in spec.tasks
              for i in range(spec.episodes)]

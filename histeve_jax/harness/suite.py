@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from histeve_jax.envs.tasks import load_task
+from histeve_jax.eval.evaluate import sampling_settings
 from histeve_jax.eval.rollout import EpisodeResult, run_episode
 from histeve_jax.harness.controller import HarnessAgent, HarnessSpec, PrivilegedCompletion
 from histeve_jax.harness.inject import FailureInjector, standard_injections
@@ -100,8 +101,7 @@ def check(spec: SuiteSpec) -> None:
             raise FileNotFoundError(f"detector={spec.detector}: no such directory")
     if spec.detector_every < 1:
         raise ValueError(f"detector_every must be >= 1, got {spec.detector_every}")
-    if not 0 < spec.top_p <= 1 or spec.temperature < 0:
-        raise ValueError(f"top_p ({spec.top_p}) must be in (0, 1] and temperature ({spec.temperature}) >= 0")
+    sampling_settings(spec.greedy, spec.temperature, spec.top_p, "long-horizon suite")
 
 
 def _episode_json(res: EpisodeResult, agent: Any, fired: list) -> dict[str, Any]:
@@ -129,14 +129,13 @@ def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
     return res
 
 
-DEFAULT_SAMPLING = {"greedy": False, "temperature": 1.0, "top_p": 1.0}
+DEFAULT_SAMPLING = sampling_settings(False, 1.0, 1.0, "default")
 
 
 def sampling_of(spec: SuiteSpec, label: str) -> dict[str, Any] | None:
     """How a row's actions are drawn: the policy rows' sampling, None for the experts."""
     if label.startswith("policy"):
-        return {"greedy": bool(spec.greedy), "temperature": float(spec.temperature),
-                "top_p": float(spec.top_p)}
+        return sampling_settings(spec.greedy, spec.temperature, spec.top_p, "long-horizon suite")
     return None
 
 
