@@ -9,10 +9,13 @@ completion detector's label). The episode ends with the frame after the last act
 action and ``done=True`` (the records are ``eval.rollout``'s, with kind "demo"). Writes ``summary.json``
 (per-task expert success rates) and ``config.json``. With ``--config.instances=N > 1`` the episodes run on N
 games in parallel (``eval.fleet``, on a local Ray), and are written in the same order as with one game.
+``--config.perturb=p`` makes the experts aim off their target first at a chance p per aim (``Expert.aim_off``;
+those steps are recorded with subtask "perturb" and never imitated): demonstrations of the way back.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -45,7 +48,8 @@ def _run_kwargs(cfg) -> dict:
 def record_episode(env, task, seed: int, cfg) -> EpisodeResult:
     """Run the task's expert once from (seed, task) in ``env``; retried while the game crashes or hangs."""
     for _ in range(MAX_ATTEMPTS):
-        result = run_episode(env, task, seed, ExpertAgent(), backend=cfg.backend, **_run_kwargs(cfg))
+        result = run_episode(env, task, seed, ExpertAgent(cfg.perturb), backend=cfg.backend,
+                             **_run_kwargs(cfg))
         if not result.interrupted:
             break
         logging.warning("%s seed %d: the game failed (%s); retrying", task.name, seed, result.error)
@@ -71,7 +75,8 @@ def _results(cfg, specs):
         names = {t: load_task(t).name for t, _ in specs}  # a task given by its file's path
         order = iter((names[t], s) for t, s in specs)
         want = next(order, None)
-        for result in fleet.run([EpisodeSpec(t, s) for t, s in specs], expert_agent):
+        agents = functools.partial(expert_agent, perturb=cfg.perturb)
+        for result in fleet.run([EpisodeSpec(t, s) for t, s in specs], agents):
             done[(result.task, result.seed)] = result
             while want is not None and want in done:  # write in spec order, holding only the out-of-order
                 yield done.pop(want)

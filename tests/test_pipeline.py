@@ -217,6 +217,42 @@ def test_skip_null_actions_leaves_out_exactly_the_null_steps(tmp_path, vocab):
     np.testing.assert_array_equal(x["pixel_values"][i], want)
 
 
+def test_perturbed_steps_are_never_targets_but_stay_history(tmp_path, vocab):
+    """A demonstration's perturbed steps (``Expert.aim_off``/``jolt``: subtask "perturb", or "<stage>/perturb"
+    in a chain) are left out of the targets, whatever skip_null_actions says, and the steps after them still
+    see their frames as history."""
+    _, av = vocab
+    src = tmp_path / "src"
+    S.write_demo_dataset(src, episodes=3, length=7, gui_fraction=0.5, seed=4, frame_format="png")
+    recs = _records(src)
+    eps = [[r for r in recs if r.episode_id == e] for e in dict.fromkeys(r.episode_id for r in recs)]
+    marked = {1: "perturb", 2: "logs/perturb", 5: "perturb"}  # a chain's stage-named one among them
+    out = [[R.dataclasses.replace(r, subtask=marked.get(r.step, "dig")) for r in ep] for ep in eps]
+    d = tmp_path / "perturbed"
+    R.write_episodes(d, out)
+    kept = [r for ep in out for r in ep if r.step not in marked]
+    for skip_null in (False, True):
+        spec = P.FeatureSpec(kind="demo", history=2, stride=1, image_size=(56, 56), max_len=96,
+                             skip_null_actions=skip_null)
+        x = _all(P.make_batches(d, spec, P.LoaderOptions(**{**SEQ, "batch_size": 1})))
+        from histeve_jax.actions import is_null_action
+
+        want_kept = [r for r in kept if not (skip_null and is_null_action(r.action))]
+        assert len(x["input_ids"]) == len(want_kept) < sum(map(len, out))
+        for i, rec in enumerate(want_kept):
+            action, _ = av.decode(x["targets"][i][x["loss_mask"][i] > 0][:-1])
+            want = discrete_to_env(env_to_discrete(rec.action, "vpt"), "vpt")
+            assert {k: int(action[k]) for k in R.BINARY_KEYS} == {k: int(want[k]) for k in R.BINARY_KEYS}
+    # step 3's history is steps 1 and 2, both perturbed: their frames, not a repeat of step 3's
+    spec = P.FeatureSpec(kind="demo", history=2, stride=1, image_size=(56, 56), max_len=96)
+    x = _all(P.make_batches(d, spec, P.LoaderOptions(**{**SEQ, "batch_size": 1})))
+    i = next(i for i, r in enumerate(kept) if r.step == 3)
+    ep = [r for r in out[0]]
+    frames = [R.decode_frame(ep[s].frame) for s in (1, 2, 3)]
+    np.testing.assert_array_equal(x["pixel_values"][i],
+                                  image_processing.process_images(frames, spec.image_config)["pixel_values"])
+
+
 def test_is_null_action_is_the_codebook_null():
     from histeve_jax.actions import is_null_action
     from histeve_jax.envs.base import noop_action

@@ -71,6 +71,7 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.record.episodes = 3  # per task; the last episode of each task is the eval split
     c.record.instances = 1  # games recording in parallel
     c.record.task_episodes = ""  # per-task exceptions to `episodes`: "mine_log=48"
+    c.record.perturb = 0.0  # the experts' chance of aiming off first, recorded but never imitated (record.py)
     c.record.timeout_s = 600
 
     c.synthetic = ml_collections.ConfigDict()

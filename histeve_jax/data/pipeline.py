@@ -342,6 +342,19 @@ class SkipNullActions(grain.transforms.Filter):
             return True
 
 
+class SkipPerturbed(grain.transforms.Filter):
+    """Leaves out a demonstration's perturbed steps (subtask ``envs.experts.PERTURB``: the expert looked off
+    its target on purpose, ``Expert.aim_off``): they are not the expert's choice, so never targets. They stay
+    in the shards, as the history frames of the steps after them."""
+
+    def filter(self, window: dict[str, Any]) -> bool:
+        from histeve_jax.envs.experts.core import is_perturbed
+
+        if BAD in window:
+            return True
+        return not is_perturbed(str(window["record"].get("subtask") or ""))
+
+
 class Featurize(grain.transforms.Map):
     """Window -> fixed-shape arrays for the policy (see the module docstring). Bad input -> ``{BAD: reason}``.
 
@@ -458,7 +471,9 @@ def make_batches(directories: str | Sequence[str], spec: FeatureSpec, options: L
     source = WindowSource(shards, history=spec.history if spec.kind == "demo" else 0, stride=spec.stride)
     sampler = grain.samplers.IndexSampler(len(source), shuffle=options.shuffle, num_epochs=options.num_epochs,
                                           seed=options.seed)
-    ops = [SkipNullActions(spec.codebook)] if spec.skip_null_actions and spec.kind == "demo" else []
+    ops = [SkipPerturbed()] if spec.kind == "demo" else []
+    if spec.skip_null_actions and spec.kind == "demo":
+        ops.append(SkipNullActions(spec.codebook))
     loader = grain.DataLoader(
         data_source=source, sampler=sampler, operations=[*ops, Featurize(spec)],
         worker_count=options.worker_count, worker_buffer_size=options.worker_buffer_size,

@@ -114,8 +114,10 @@ def probe(policy: Any, spec: P.FeatureSpec, windows: Sequence[Mapping[str, Any]]
 def demo_windows(records: str | Sequence[str], spec: P.FeatureSpec, *, task: str | None = None,
                  gui_only: bool = False, limit: int = 24) -> list[dict[str, Any]]:
     """Up to ``limit`` windows of demonstration steps (of ``task``; in the GUI only), in record order,
-    null actions left out when ``spec.skip_null_actions`` (as training leaves them out)."""
+    null actions left out when ``spec.skip_null_actions`` and perturbed steps always (as training leaves them
+    out)."""
     from histeve_jax.actions import is_null_action
+    from histeve_jax.envs.experts.core import is_perturbed
 
     src = P.WindowSource(P.open_shards(records), history=spec.history, stride=spec.stride)
     out = []
@@ -127,6 +129,8 @@ def demo_windows(records: str | Sequence[str], spec: P.FeatureSpec, *, task: str
         if gui_only and not rec.get("is_gui_open"):
             continue
         if spec.skip_null_actions and is_null_action(rec["action"]):
+            continue
+        if is_perturbed(str(rec.get("subtask") or "")):
             continue
         out.append(w)
         if len(out) == limit:

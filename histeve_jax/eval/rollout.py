@@ -195,11 +195,14 @@ class ExpertAgent:
 
     name = "expert"
 
-    def __init__(self) -> None:
+    def __init__(self, perturb: float = 0.0) -> None:
         self._expert = None
+        self.perturb = perturb  # Expert.perturb: the chance of aiming off first (recorded, never imitated)
 
     def reset(self, task: Task, obs: dict, info: dict, seed: int) -> None:
         self._expert = expert_for(task)
+        if self.perturb:
+            self._expert.set_perturbation(self.perturb, seed)
         self._expert.reset(info)
 
     def act(self, obs: dict, info: dict) -> Decision:
@@ -250,9 +253,9 @@ class RandomAgent:
         return Decision(action=action, tokens=tokens, logprobs=logprobs, text=text)
 
 
-def expert_agent(task_name: str, seed: int) -> ExpertAgent:
-    """AgentFactory of scripted experts."""
-    return ExpertAgent()
+def expert_agent(task_name: str, seed: int, perturb: float = 0.0) -> ExpertAgent:
+    """AgentFactory of scripted experts (bind ``perturb`` with functools.partial)."""
+    return ExpertAgent(perturb)
 
 
 def random_agent(task_name: str, seed: int, codebook: str = "vpt") -> RandomAgent:

@@ -58,6 +58,7 @@ def _recorded_dirs(spec: RunSpec) -> tuple[list[str], list[str]] | None:
         cmd = [sys.executable, "-m", "experiments.record", f"--config={record_config}:{rec.variant}",
                f"--workdir={os.path.join(root, 'record_run')}", f"--config.output_dir={out}",
                f"--config.episodes={rec.episodes}", f"--config.task_episodes={rec.task_episodes}",
+               f"--config.perturb={rec.perturb}",
                f"--config.obs_size=({h}, {w})",
                f"--config.instances={rec.instances}",
                f"--config.frame_format={spec.data.frame_format}",

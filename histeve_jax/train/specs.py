@@ -115,6 +115,7 @@ class RecordSpec:
     instances: int  # games recording in parallel
     timeout_s: float
     task_episodes: str = ""  # per-task exceptions to `episodes` ("mine_log=48"; record.py's field)
+    perturb: float = 0.0  # the experts' chance of aiming off first (record.py's field; never imitated)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,11 +25,13 @@ from histeve_jax.envs.experts.core import (
     CRAFT_XY,
     EYE_HEIGHT,
     MAX_TURN,
+    PERTURB,
     REACH,
     RECIPES,
     SLOT_XY,
     Expert,
     cursor_move,
+    is_perturbed,
 )
 from histeve_jax.envs.experts.gui import CraftExpert, SmeltExpert
 from histeve_jax.envs.experts.world import ExploreExpert, MineExpert, PlaceExpert
@@ -37,8 +39,9 @@ from histeve_jax.envs.tasks import Task
 
 __all__ = [
     "AIM_TOL", "CRAFT_OUTPUT_XY", "CRAFT_XY", "EXPERT_TASKS", "EYE_HEIGHT", "FURNACE_SPOT", "MAX_TURN",
-    "REACH", "RECIPES", "SLOT_XY", "ChainExpert", "CraftExpert", "Expert", "ExploreExpert", "MineExpert",
-    "PlaceExpert", "SmeltExpert", "cursor_move", "expert_for", "steel_pickaxe_expert",
+    "PERTURB", "REACH", "RECIPES", "SLOT_XY", "ChainExpert", "CraftExpert", "Expert", "ExploreExpert",
+    "MineExpert", "PlaceExpert", "SmeltExpert", "cursor_move", "expert_for", "is_perturbed",
+    "steel_pickaxe_expert",
 ]
 
 
@@ -48,6 +51,11 @@ class ChainExpert(Expert):
     def __init__(self, task: Task, stages: list[tuple[str, Expert]]):
         super().__init__(task)
         self.stages = stages
+
+    def set_perturbation(self, chance: float, seed: int) -> None:
+        super().set_perturbation(chance, seed)
+        for i, (_, ex) in enumerate(self.stages):
+            ex.set_perturbation(chance, seed * 1000 + i)
 
     def plan(self):
         for name, ex in self.stages:

@@ -22,6 +22,14 @@ MAX_TURN = 10.0  # degrees per step
 # 1-2 px difference in a policy's 112x196 frame, steps no policy here can tell apart, so the experts stop.
 CURSOR_TOL = 5.0
 AIM_TOL = 1.5  # degrees
+# The subtask of the steps an expert takes off its path on purpose (``Expert.perturb``): played in the game
+# and recorded, never imitated (``data.pipeline`` leaves them out of the targets; they stay history frames).
+PERTURB = "perturb"
+
+
+def is_perturbed(subtask: str) -> bool:
+    """Whether a recorded subtask is a perturbation (``PERTURB``, or ``<stage>/PERTURB`` in a chain)."""
+    return subtask.rpartition("/")[2] == PERTURB
 
 # Main inventory slot (1-based) -> cursor position. Row 1 is the hotbar row of the sfinv page.
 _COL_X = [228, 254, 280, 306, 333, 359, 385, 411]
@@ -82,6 +90,12 @@ class Expert:
 
     def __init__(self, task: Task):
         self.task = task
+        # The chance, at each aim, of first looking off the target and pressing attack there (``aim_off``):
+        # the DART remedy for behaviour cloning's compounding errors. A policy's small aiming error leaves it
+        # digging the leaves beside a log, a state no demonstration starts from; with this the
+        # demonstrations hold the way back from there (the perturbed steps themselves are not imitated).
+        self.perturb = 0.0
+        self.rng = np.random.default_rng(0)
         self._gen: Iterator[tuple[dict[str, Any], str]] | None = None
         self.info: dict[str, Any] = {}
         self._last_action: dict[str, Any] = noop_action()  # what act returned last (click releases by it)
@@ -137,12 +151,12 @@ class Expert:
         yaw, pitch = yaw_pitch_to(self.eye(), target)
         return wrap_degrees(yaw - self.est_yaw), pitch - self.est_pitch
 
-    def turn_to(self, target, subtask: str, tol: float = AIM_TOL, max_steps: int = 60):
+    def turn_to(self, target, subtask: str, tol: float = AIM_TOL, max_steps: int = 60, attack: int = 0):
         for _ in range(max_steps):
             dyaw, dpitch = self.aim_error(target)
             if abs(dyaw) < tol and abs(dpitch) < tol:
                 return
-            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)]), subtask
+            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)], attack=attack), subtask
 
     def walk_to(self, target_xz: tuple[float, float], dist: float, subtask: str, max_steps: int = 400):
         """Turn toward and walk until within `dist` blocks (horizontally) of `target_xz`; jump when stuck."""
@@ -165,6 +179,48 @@ class Expert:
     def wait(self, n: int, subtask: str):
         for _ in range(n):
             yield noop_action(), subtask
+
+    def set_perturbation(self, chance: float, seed: int) -> None:
+        """Aim off the target first with probability ``chance`` at each aim, drawn from ``seed``."""
+        if not 0.0 <= chance <= 1.0:
+            raise ValueError(f"expert perturbation chance must be in [0, 1], got {chance}")
+        self.perturb = float(chance)
+        self.rng = np.random.default_rng([int(seed), 0x5EED])
+
+    def aim_off(self, point: tuple[float, float, float], max_attack: int = 30):
+        """With probability ``perturb``: turn to a look 8-25 degrees of yaw and -20..+15 of pitch off
+        ``point`` and hold attack there for 1-``max_attack`` steps, every step subtask ``PERTURB``; returns
+        whether it did (``perturbed = yield from self.aim_off(p)``). The caller then aims at ``point`` from
+        wherever this left the view, holding attack as it turns back (a policy digging beside the log should
+        turn onto it, not let go: a released button restarts a dig)."""
+        if self.perturb <= 0.0 or self.rng.random() >= self.perturb:
+            return False
+        yaw, pitch = yaw_pitch_to(self.eye(), point)
+        yaw = wrap_degrees(yaw + float(self.rng.choice([-1.0, 1.0]) * self.rng.uniform(8.0, 25.0)))
+        pitch = float(np.clip(pitch + self.rng.uniform(-20.0, 15.0), -85.0, 85.0))
+        for _ in range(20):
+            dyaw, dpitch = wrap_degrees(yaw - self.est_yaw), pitch - self.est_pitch
+            if abs(dyaw) < AIM_TOL and abs(dpitch) < AIM_TOL:
+                break
+            yield _act(camera=[_clamp(dpitch), _clamp(dyaw)]), PERTURB
+        for _ in range(int(self.rng.integers(1, max_attack + 1))):
+            yield _act(attack=1), PERTURB
+        return True
+
+    def jolt_at(self, within: int = 60) -> int | None:
+        """The step of a dig at which to ``jolt`` (drawn with probability ``perturb``), or None."""
+        if self.perturb <= 0.0 or self.rng.random() >= self.perturb:
+            return None
+        return int(self.rng.integers(1, within + 1))
+
+    def jolt(self):
+        """One or two steps that hold attack and throw the view 4-12 degrees of yaw and 3-10 of pitch off
+        (subtask ``PERTURB``): a dig whose aim slipped, which the digging expert then brings back."""
+        n = int(self.rng.integers(1, 3))
+        dyaw = float(self.rng.choice([-1.0, 1.0]) * self.rng.uniform(4.0, 12.0)) / n
+        dpitch = float(self.rng.choice([-1.0, 1.0]) * self.rng.uniform(3.0, 10.0)) / n
+        for _ in range(n):
+            yield _act(attack=1, camera=[dpitch, dyaw]), PERTURB
 
     # ---- GUI
 
