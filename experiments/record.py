@@ -9,8 +9,9 @@ completion detector's label). The episode ends with the frame after the last act
 action and ``done=True`` (the records are ``eval.rollout``'s, with kind "demo"). Writes ``summary.json``
 (per-task expert success rates) and ``config.json``. With ``--config.instances=N > 1`` the episodes run on N
 games in parallel (``eval.fleet``, on a local Ray), and are written in the same order as with one game.
-``--config.perturb=p`` makes the experts aim off their target first at a chance p per aim (``Expert.aim_off``;
-those steps are recorded with subtask "perturb" and never imitated): demonstrations of the way back.
+``--config.perturb=p``: the mining expert looks off its target first at a chance p per aim, and throws its
+view off once in a dig (``Expert.aim_off``, ``jolt``); those steps are recorded with subtask "perturb" and
+never imitated, so what follows them demonstrates the way back.
 """
 
 from __future__ import annotations

@@ -28,9 +28,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.records_per_shard = 2048
     c.after_success = 0  # steps played on after success (the completion detector's positives; rollout)
     c.keep_failed = False  # drop episodes whose expert did not succeed (they are still counted)
-    # The chance, at each of an expert's aims, that it first looks off the target and attacks there (recorded
-    # with subtask "perturb", which training never imitates): demonstrations of the way back to the target
-    # (Expert.aim_off; the mining experts aim this way).
+    # The chance, at each of the mining expert's aims at a side face (a log, stone), that it first looks off
+    # the target and attacks there, and once in its dig that the view is thrown off (Expert.aim_off, jolt):
+    # those steps are recorded with subtask "perturb", which training never imitates, so the expert's steps
+    # after them demonstrate the way back.
     c.perturb = 0.0
     c.progress_bar = True
     c.instances = 1  # games run in parallel (> 1: on a Ray fleet, eval.fleet)

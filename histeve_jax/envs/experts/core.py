@@ -90,10 +90,11 @@ class Expert:
 
     def __init__(self, task: Task):
         self.task = task
-        # The chance, at each aim, of first looking off the target and pressing attack there (``aim_off``):
-        # the DART remedy for behaviour cloning's compounding errors. A policy's small aiming error leaves it
-        # digging the leaves beside a log, a state no demonstration starts from; with this the
-        # demonstrations hold the way back from there (the perturbed steps themselves are not imitated).
+        # The chance, at each aim, of first looking off the target and pressing attack there (``aim_off``),
+        # and in a dig of throwing the view off (``jolt``): the DART remedy for behaviour cloning's
+        # compounding errors. A policy's small aiming error leaves it digging the leaves beside a log, a state
+        # no demonstration starts from; with this the demonstrations hold the way back from there (the
+        # perturbed steps themselves are not imitated). Set by ``set_perturbation``.
         self.perturb = 0.0
         self.rng = np.random.default_rng(0)
         self._gen: Iterator[tuple[dict[str, Any], str]] | None = None
@@ -181,7 +182,8 @@ class Expert:
             yield noop_action(), subtask
 
     def set_perturbation(self, chance: float, seed: int) -> None:
-        """Aim off the target first with probability ``chance`` at each aim, drawn from ``seed``."""
+        """Perturb (``aim_off``, ``jolt``) with probability ``chance`` at each aim and dig, drawn from
+        ``seed``."""
         if not 0.0 <= chance <= 1.0:
             raise ValueError(f"expert perturbation chance must be in [0, 1], got {chance}")
         self.perturb = float(chance)

@@ -61,7 +61,8 @@ class MineExpert(Expert):
         return best
 
     def under_a_gap(self, node: tuple[int, int, int]) -> bool:
-        """A node above the eye with air where the node below it was (a trunk missing its eye-level log)."""
+        """A side-face node above the eye with no node of ``names`` below it (a trunk missing its eye-level
+        log: the log above the gap)."""
         nx, ny, nz = node
         below = (nx, ny - 1, nz)
         return (self.face == "side" and ny - 0.5 > self.eye()[1]
