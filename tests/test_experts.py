@@ -79,6 +79,24 @@ def env():
     e.close()
 
 
+def _trace(env, task, seed, perturb=0.0):
+    """Play ``task``'s expert from ``seed``: (the final info, and per step (subtask, action, (yaw, pitch)
+    reported after the step))."""
+    _, info = env.reset(seed=seed, options={"task": task})
+    expert = expert_for(task)
+    if perturb:
+        expert.set_perturbation(perturb, seed)
+    expert.reset(info)
+    steps = []
+    for _ in range(task.max_steps):
+        action, subtask = expert.act(info)
+        _, _, terminated, truncated, info = env.step(action)
+        steps.append((subtask, action, (info["yaw"], info["pitch"])))
+        if terminated or truncated:
+            break
+    return info, steps
+
+
 def _run(env, name, seed, clutter=None):
     task = load_task(name)
     if clutter is not None:  # the chance of a cluttered start (``init.vary.clutter``), not the task's own
@@ -191,14 +209,8 @@ def test_mine_log_digs_the_log_at_eye_level(env):
         expert.reset(info)
         target = expert.target()
         assert target is not None and target[1] >= 10, target  # at or above the eye, never the base (9)
-        pitches = []
-        for _ in range(task.max_steps):
-            action, subtask = expert.act(info)
-            _, _, terminated, truncated, info = env.step(action)
-            if subtask == "dig":
-                pitches.append(info["pitch"])
-            if terminated or truncated:
-                break
+        info, steps = _trace(env, task, seed)
+        pitches = [pitch for n, _, (_, pitch) in steps if n == "dig"]
         assert info["success"], f"seed {seed}: inventory {info['inventory']}"
         assert pitches and max(pitches) < 10, pitches  # never looking down at the grass by the trunk
 
@@ -215,17 +227,7 @@ def test_a_perturbed_mine_expert_looks_off_the_log_and_comes_back(env):
     assert is_perturbed(PERTURB) and is_perturbed("logs/" + PERTURB) and not is_perturbed("dig")
     task = load_task("mine_log")
     for seed in (0, 1):
-        _, info = env.reset(seed=seed, options={"task": task})
-        expert = expert_for(task)
-        expert.set_perturbation(1.0, seed)
-        expert.reset(info)
-        steps = []  # (subtask, action, the reported look after the step)
-        for _ in range(task.max_steps):
-            action, subtask = expert.act(info)
-            _, _, terminated, truncated, info = env.step(action)
-            steps.append((subtask, action, (info["yaw"], info["pitch"])))
-            if terminated or truncated:
-                break
+        info, steps = _trace(env, task, seed, perturb=1.0)
         assert info["success"], f"seed {seed}: inventory {info['inventory']}"
         names = [n for n, _, _ in steps]
         first = names.index(PERTURB)
@@ -252,23 +254,14 @@ def test_beside_a_chopped_trunk_the_expert_digs_the_log_above_through_the_gap(en
     then copied). It aims at its bottom face through the gap now, stepping in when further than 1.3 blocks:
     from starts beside a chopped trunk (``beside: 1.0``) it digs the log and nothing else (the game's
     counters)."""
-    import dataclasses
-
-    task = load_task("mine_log")
-    task = dataclasses.replace(task, init={**task.init, "vary": {**task.init["vary"], "beside": 1.0}})
+    task = load_task("mine_log").varied(beside=1.0)
     for seed in (0, 1, 2):
         _, info = env.reset(seed=seed, options={"task": task})
         expert = expert_for(task)
         expert.reset(info)
-        assert expert.under_a_gap(expert.target())
-        pitches = []
-        for _ in range(task.max_steps):
-            action, subtask = expert.act(info)
-            _, _, terminated, truncated, info = env.step(action)
-            if subtask == "dig":
-                pitches.append(info["pitch"])
-            if terminated or truncated:
-                break
+        assert expert.under_a_gap(expert.target())  # the start's target: the log above a gap
+        info, steps = _trace(env, task, seed)
+        pitches = [pitch for n, _, (_, pitch) in steps if n == "dig"]
         assert info["success"] and info["mine_block"] == {"default:tree": 1}, (seed, info["mine_block"])
         assert pitches and max(pitches) < -15, pitches  # looking up through the gap
 
