@@ -116,6 +116,8 @@ def test_a_start_spread_fills_in_the_defaults():
         task = load_task(name)
         assert task.init["vary"]["clutter"] == 0.5
         assert [f"{{slot:{item}}}" in task.text for item in items] == [True] * len(items)
+        # and half start where mine_log leaves the player: beside a trunk chopped once, facing its gap
+        assert task.init["vary"]["beside"] == 0.5 and task.init["vary"]["gap"] > 0
 
 
 def test_a_cluttered_inventory_moves_each_stack_one_slot_on_behind_leaves():

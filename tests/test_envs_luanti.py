@@ -337,13 +337,14 @@ def test_mine_logs_starts_clear_the_trunks_and_some_trunks_miss_their_eye_level_
     assert 0 < sum(gaps) < 3 * len(starts), gaps  # some trunks chopped once, not all
 
 
-def test_a_start_beside_a_trunk_faces_its_gap(env):
+@pytest.mark.parametrize("name", ["mine_log", "craft_planks"])
+def test_a_start_beside_a_trunk_faces_its_gap(env, name):
     """``init.vary.beside`` 1: every start is 0.85-1.6 blocks from one trunk's centre, looking at it within 20
     degrees of yaw, and that trunk has lost its eye-level log (y 10), as the first chop leaves it; the
-    seed fixes which trunk and where."""
+    seed fixes which trunk and where. mine_log's second log starts there, and so do the crafts after it."""
     from histeve_jax.envs.base import wrap_degrees, yaw_pitch_to
 
-    task = load_task("mine_log").varied(beside=1.0)
+    task = load_task(name).varied(beside=1.0)
     trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
     env.randomize_init = True
     try:

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from histeve_jax.envs import base, load_task, make
@@ -245,6 +246,47 @@ def test_a_perturbed_mine_expert_looks_off_the_log_and_comes_back(env):
         yaw2, pitch2 = steps[dug][2]
         assert abs(wrap_degrees(yaw2 - yaw0)) < 2.5 and abs(pitch2 - pitch0) < 2.5, (steps[jolt - 1][2],
                                                                                     steps[dug][2])
+
+
+@pytest.mark.game
+def test_a_perturbed_craft_expert_clicks_on_nothing_and_moves_on(env):
+    """``set_perturbation(1.0)`` on a craft: as the inventory opens, the expert holds one button for 1-4
+    steps where the pointer is on no slot (where the inventory put it, or moved astray first), every step
+    ``PERTURB``; the GUI stays open, the game's inventory and grid are unchanged by them, and the expert's
+    own next step moves the pointer on; the craft then succeeds."""
+    from histeve_jax.envs.experts import PERTURB
+    from histeve_jax.envs.experts.core import clear_of_targets
+
+    task = load_task("craft_planks").varied(clutter=0.0)
+    strayed = set()
+    for seed in (0, 1, 2, 3):
+        _, start = env.reset(seed=seed, options={"task": task})
+        expert = expert_for(task)
+        expert.set_perturbation(1.0, seed)
+        expert.reset(start)
+        info, steps = start, []
+        for _ in range(task.max_steps):
+            action, subtask = expert.act(info)
+            _, _, terminated, truncated, info = env.step(action)
+            steps.append((subtask, action, info))
+            if terminated or truncated:
+                break
+        names = [n for n, _, _ in steps]
+        first = names.index(PERTURB)
+        end = next(i for i in range(first, len(names)) if names[i] != PERTURB)
+        assert set(names[:first]) == {"open_inventory"}, names[:end + 1]
+        clicks = [i for i in range(first, end) if steps[i][1].get("attack") or steps[i][1].get("use")]
+        assert 1 <= len(clicks) <= 4 and clicks == list(range(end - len(clicks), end)), names[first:end]
+        strayed.add(clicks[0] > first)
+        assert len({b for i in clicks for b in ("attack", "use") if steps[i][1].get(b)}) == 1
+        assert not any(np.any(steps[i][1]["camera"]) for i in clicks)
+        clicked = steps[end - 1][2]
+        assert clicked["is_gui_open"] and clear_of_targets(clicked["cursor"]), clicked["cursor"]
+        assert clicked["inventory"] == start["inventory"]
+        assert all(g["type"] == "air" for g in clicked["craft_grid"]), clicked["craft_grid"]
+        assert np.any(steps[end][1]["camera"])  # the expert's own next step moves the pointer
+        assert info["success"] and PERTURB not in names[end:], names[end:]
+    assert strayed == {False, True}, strayed  # in place on some seeds, moved astray first on others
 
 
 @pytest.mark.game

@@ -54,6 +54,7 @@ def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
                                                           "craft_wooden_pickaxe")
     assert set(rec.tasks) <= set(EXPERT_TASKS) and tuple(rec.obs_size) == tuple(pick.data.image_size)
     assert rec.episodes == pick.record.episodes and rec.task_episodes == pick.record.task_episodes
+    assert rec.perturb == pick.record.perturb > 0
 
     def flat(c, prefix=""):
         out = {}
@@ -65,10 +66,10 @@ def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
     assert a.keys() == b.keys()
     changed = {k for k in a if a[k] != b[k]}
     assert changed == {"variant", "workdir", "record.variant", "record.task_episodes", "record.timeout_s",
-                       "num_train_steps",
+                       "record.perturb", "num_train_steps",
                        "optimizer.total_steps", "eval_every", "checkpoint_every", "eval.tasks", "eval.agents",
                        "eval.max_steps"}
-    assert pick.optimizer.total_steps == pick.num_train_steps == 12000
+    assert pick.optimizer.total_steps == pick.num_train_steps == 16000
     spec = RunSpec.from_config(pick, "/tmp/unused")
     assert spec.variant == "pickaxe" and spec.data.stride == tiny.data.stride
     with pytest.raises(ValueError, match="unknown config variant 'pickax' for imitation"):

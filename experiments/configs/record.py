@@ -31,7 +31,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The chance, at each of the mining expert's aims at a side face (a log, stone), that it first looks off
     # the target and attacks there, and once in its dig that the view is thrown off (Expert.aim_off, jolt):
     # those steps are recorded with subtask "perturb", which training never imitates, so the expert's steps
-    # after them demonstrate the way back.
+    # after them demonstrate the way back. The same chance per craft that, as the inventory opens, it first
+    # clicks on nothing (Expert.click_astray), the pointer still, then moves on.
     c.perturb = 0.0
     c.progress_bar = True
     c.instances = 1  # games run in parallel (> 1: on a Ray fleet, eval.fleet)
@@ -55,8 +56,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.tasks = PICKAXE_TASKS
         c.episodes = 16
         # mine_log starts anywhere in the arena (its task's init.vary): every wooden_pickaxe episode needs
-        # it twice, from wherever the harness left the player
-        c.task_episodes = "mine_log=48"
+        # it twice, from wherever the harness left the player; half its aims first look off the log
+        # (perturb), so the demonstrations show the way back to it
+        c.task_episodes = "mine_log=128"
+        c.perturb = 0.5
         c.obs_size = (112, 196)
         c.instances = 2
     elif arg:

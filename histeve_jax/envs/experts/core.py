@@ -38,6 +38,15 @@ SLOT_XY = {i + 1: (_COL_X[i % 8], _ROW_Y[i // 8]) for i in range(32)}
 HOTBAR = 9  # hotbar slots (the bridge mod sets nine, as in Minecraft): inventory slots 1-9
 CRAFT_XY = {(r, c): (273 + 26 * c, 91 + 24 * r) for r in range(3) for c in range(3)}
 CRAFT_OUTPUT_XY = (378, 115)
+CLICK_CLEAR = 16  # px from every slot's centre (slots are 24-26 px apart) where a click takes nothing
+STRAY_TOP = 75  # a stray pointer stays below the inventory's page tabs (a click there turns the page)
+
+
+def clear_of_targets(xy: tuple[float, float]) -> bool:
+    """Whether a pointer at ``xy`` (render px) is at least ``CLICK_CLEAR`` px (either axis) from every
+    inventory slot, crafting grid cell and the output slot, and below the page tabs."""
+    targets = (*SLOT_XY.values(), *CRAFT_XY.values(), CRAFT_OUTPUT_XY)
+    return xy[1] >= STRAY_TOP and min(max(abs(xy[0] - x), abs(xy[1] - y)) for x, y in targets) >= CLICK_CLEAR
 # The furnace formspec (default.get_furnace_*_formspec) on the same render: its own main-inventory rows.
 FURNACE_SLOT_XY = {i + 1: (_COL_X[i % 8], [188, 219, 243, 267][i // 8]) for i in range(32)}
 FURNACE_SRC_XY, FURNACE_FUEL_XY, FURNACE_DST_XY = (300, 98), (300, 146), (352, 109)
@@ -182,8 +191,8 @@ class Expert:
             yield noop_action(), subtask
 
     def set_perturbation(self, chance: float, seed: int) -> None:
-        """Perturb (``aim_off``, ``jolt``) with probability ``chance`` at each aim and dig, drawn from
-        ``seed``."""
+        """Perturb (``aim_off``, ``jolt``, ``click_astray``) with probability ``chance`` at each aim, dig
+        and opened inventory, drawn from ``seed``."""
         if not 0.0 <= chance <= 1.0:
             raise ValueError(f"expert perturbation chance must be in [0, 1], got {chance}")
         self.perturb = float(chance)
@@ -225,6 +234,30 @@ class Expert:
             yield _act(attack=1, camera=[dpitch, dyaw]), PERTURB
 
     # ---- GUI
+
+    def click_astray(self, max_clicks: int = 4):
+        """With probability ``perturb``: hold one button, left or right, for 1-``max_clicks`` steps where the
+        pointer is on no slot, grid cell or output (``clear_of_targets``: a click there with an empty hand
+        changes nothing), half the time after moving it to such a spot first, every step subtask
+        ``PERTURB``; returns whether it did. Called as the inventory opens (the pointer in the middle of the
+        screen, between the grid and the slots). A policy that clicks on nothing sees a GUI frame whose
+        pointer has not moved since the last one, which says "just clicked, move on" only if a demonstration
+        shows the move from there; without one the policy clicked on (the agent's crafts of 2026-12-06:
+        400-920 clicks in a row on nothing, in the middle or beside the inventory)."""
+        if self.perturb <= 0.0 or self.info.get("cursor") is None or self.rng.random() >= self.perturb:
+            return False
+        if self.rng.random() < 0.5:
+            for _ in range(100):
+                xy = (int(self.rng.integers(20, 621)), int(self.rng.integers(STRAY_TOP, 341)))
+                if clear_of_targets(xy):
+                    yield from self.cursor_to(xy, PERTURB)
+                    break
+        if not clear_of_targets(self.info["cursor"]):  # the pointer ended on a slot: no click there
+            return True
+        button = ("attack", "use")[int(self.rng.integers(2))]
+        for _ in range(int(self.rng.integers(1, max_clicks + 1))):
+            yield _act(**{button: 1}), PERTURB
+        return True
 
     def open_inventory(self):
         if self.info["is_gui_open"]:  # already open (an expert taking over from an agent mid-GUI)

@@ -53,7 +53,10 @@ class CraftExpert(Expert):
     def plan(self):
         # No fixed pauses (the env returns a GUI action's frame once it shows): a pause is time the policy's
         # history frame counts, and a policy that does not pause then sees history it was never shown.
+        opened = not self.info["is_gui_open"]
         yield from self.open_inventory()
+        if opened:  # perturbation: clicks on nothing first, where the inventory put the pointer or astray
+            yield from self.click_astray()
         for _attempt in range(4):
             if self.have_goal():
                 break
