@@ -47,6 +47,8 @@ def clear_of_targets(xy: tuple[float, float]) -> bool:
     inventory slot, crafting grid cell and the output slot, and below the page tabs."""
     targets = (*SLOT_XY.values(), *CRAFT_XY.values(), CRAFT_OUTPUT_XY)
     return xy[1] >= STRAY_TOP and min(max(abs(xy[0] - x), abs(xy[1] - y)) for x, y in targets) >= CLICK_CLEAR
+
+
 # The furnace formspec (default.get_furnace_*_formspec) on the same render: its own main-inventory rows.
 FURNACE_SLOT_XY = {i + 1: (_COL_X[i % 8], [188, 219, 243, 267][i // 8]) for i in range(32)}
 FURNACE_SRC_XY, FURNACE_FUEL_XY, FURNACE_DST_XY = (300, 98), (300, 146), (352, 109)
