@@ -81,8 +81,8 @@ def env():
 
 
 def _trace(env, task, seed, perturb=0.0):
-    """Play ``task``'s expert from ``seed``: (the final info, and per step (subtask, action, (yaw, pitch)
-    reported after the step))."""
+    """Play ``task``'s expert from ``seed``: (the final info, and per step (subtask, action, the info the
+    game reported after the step))."""
     _, info = env.reset(seed=seed, options={"task": task})
     expert = expert_for(task)
     if perturb:
@@ -92,7 +92,7 @@ def _trace(env, task, seed, perturb=0.0):
     for _ in range(task.max_steps):
         action, subtask = expert.act(info)
         _, _, terminated, truncated, info = env.step(action)
-        steps.append((subtask, action, (info["yaw"], info["pitch"])))
+        steps.append((subtask, action, info))
         if terminated or truncated:
             break
     return info, steps
@@ -211,7 +211,7 @@ def test_mine_log_digs_the_log_at_eye_level(env):
         target = expert.target()
         assert target is not None and target[1] >= 10, target  # at or above the eye, never the base (9)
         info, steps = _trace(env, task, seed)
-        pitches = [pitch for n, _, (_, pitch) in steps if n == "dig"]
+        pitches = [i["pitch"] for n, _, i in steps if n == "dig"]
         assert info["success"], f"seed {seed}: inventory {info['inventory']}"
         assert pitches and max(pitches) < 10, pitches  # never looking down at the grass by the trunk
 
@@ -231,6 +231,7 @@ def test_a_perturbed_mine_expert_looks_off_the_log_and_comes_back(env):
         info, steps = _trace(env, task, seed, perturb=1.0)
         assert info["success"], f"seed {seed}: inventory {info['inventory']}"
         names = [n for n, _, _ in steps]
+        look = [(i["yaw"], i["pitch"]) for _, _, i in steps]  # the reported look after each step
         first = names.index(PERTURB)
         aim = names.index("aim", first)
         assert "dig" not in names[:first] and names[aim - 1] == PERTURB  # looked off, then aimed
@@ -240,12 +241,12 @@ def test_a_perturbed_mine_expert_looks_off_the_log_and_comes_back(env):
         jolt = next(i for i in range(first + 1, len(names)) if names[i] == PERTURB and names[i - 1] == "dig")
         end = next(i for i in range(jolt, len(names)) if names[i] != PERTURB)
         assert all(a["attack"] for _, a, _ in steps[jolt:end])  # the dig's button held through the throw
-        (yaw0, pitch0), (yaw1, pitch1) = steps[jolt - 1][2], steps[end - 1][2]
+        (yaw0, pitch0), (yaw1, pitch1) = look[jolt - 1], look[end - 1]
         assert max(abs(wrap_degrees(yaw1 - yaw0)), abs(pitch1 - pitch0)) > 3  # the throw moved the view
         dug = next((i for i in range(end, len(names)) if names[i] != "dig"), len(names)) - 1  # its last dig
-        yaw2, pitch2 = steps[dug][2]
-        assert abs(wrap_degrees(yaw2 - yaw0)) < 2.5 and abs(pitch2 - pitch0) < 2.5, (steps[jolt - 1][2],
-                                                                                    steps[dug][2])
+        yaw2, pitch2 = look[dug]
+        assert abs(wrap_degrees(yaw2 - yaw0)) < 2.5 and abs(pitch2 - pitch0) < 2.5, (look[jolt - 1],
+                                                                                    look[dug])
 
 
 @pytest.mark.game
@@ -260,17 +261,7 @@ def test_a_perturbed_craft_expert_clicks_on_nothing_and_moves_on(env):
     task = load_task("craft_planks").varied(clutter=0.0)
     strayed = set()
     for seed in (0, 1, 2, 3):
-        _, start = env.reset(seed=seed, options={"task": task})
-        expert = expert_for(task)
-        expert.set_perturbation(1.0, seed)
-        expert.reset(start)
-        info, steps = start, []
-        for _ in range(task.max_steps):
-            action, subtask = expert.act(info)
-            _, _, terminated, truncated, info = env.step(action)
-            steps.append((subtask, action, info))
-            if terminated or truncated:
-                break
+        info, steps = _trace(env, task, seed, perturb=1.0)
         names = [n for n, _, _ in steps]
         first = names.index(PERTURB)
         end = next(i for i in range(first, len(names)) if names[i] != PERTURB)
@@ -282,7 +273,7 @@ def test_a_perturbed_craft_expert_clicks_on_nothing_and_moves_on(env):
         assert not any(np.any(steps[i][1]["camera"]) for i in clicks)
         clicked = steps[end - 1][2]
         assert clicked["is_gui_open"] and clear_of_targets(clicked["cursor"]), clicked["cursor"]
-        assert clicked["inventory"] == start["inventory"]
+        assert clicked["inventory"] == {"default:tree": 1}  # the task's (uncluttered) start, as it was
         assert all(g["type"] == "air" for g in clicked["craft_grid"]), clicked["craft_grid"]
         assert np.any(steps[end][1]["camera"])  # the expert's own next step moves the pointer
         assert info["success"] and PERTURB not in names[end:], names[end:]
@@ -303,7 +294,7 @@ def test_beside_a_chopped_trunk_the_expert_digs_the_log_above_through_the_gap(en
         expert.reset(info)
         assert expert.under_a_gap(expert.target())  # the start's target: the log above a gap
         info, steps = _trace(env, task, seed)
-        pitches = [pitch for n, _, (_, pitch) in steps if n == "dig"]
+        pitches = [i["pitch"] for n, _, i in steps if n == "dig"]
         assert info["success"] and info["mine_block"] == {"default:tree": 1}, (seed, info["mine_block"])
         assert pitches and max(pitches) < -15, pitches  # looking up through the gap
 
