@@ -245,7 +245,7 @@ class Expert:
         screen, between the grid and the slots). A policy that clicks on nothing sees a GUI frame whose
         pointer has not moved since the last one, which says "just clicked, move on" only if a demonstration
         shows the move from there; without one the policy clicked on (the agent's crafts of 2026-12-06:
-        400-920 clicks in a row on nothing, in the middle or beside the inventory)."""
+        300-400 clicks in a row on nothing, a craft's whole budget, in the middle or beside the inventory)."""
         if self.perturb <= 0.0 or self.info.get("cursor") is None or self.rng.random() >= self.perturb:
             return False
         if self.rng.random() < 0.5:
