@@ -71,12 +71,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # mine_log (record.py:pickaxe's): 128 demonstrations with the expert's recovery steps (perturb 0.5:
         # it looks off its log first at half of its aims, and is thrown off once in a dig; those steps are
         # never targets). From nothing (2026-12-06, README "The pickaxe variant"): held-out mine_log 9/20 at
-        # temperature 0.5 / top_p 0.8 (stop 37's three fine-tunes in a row had reached 10/20 on them).
+        # temperature 0.5 / top_p 0.8 (stop 37's three fine-tunes in a row had reached 10/20 on them),
+        # recorded before the crafts' beside starts and the craft expert's clicks on nothing (README "The
+        # craft after the chop").
         c.record.task_episodes = "mine_log=128"
         c.record.perturb = 0.5
-        c.record.timeout_s = 2400  # 224 episodes on 2 games: 8.5 min measured
+        c.record.timeout_s = 2400  # 224 episodes on 2 games: 8.3 min measured
         # 16000 steps for 2.7x stop 36's mine_log samples (12000 with 48 demonstrations: at 6000 craft_planks
-        # fell to 1/20, held-out loss 0.093; at 12000 it was 20/20 again). 18.5 min here.
+        # fell to 1/20, held-out loss 0.093; at 12000 it was 20/20 again). 18.6 min here.
         c.num_train_steps = 16000
         c.eval_every = 4000
         c.checkpoint_every = 4000
