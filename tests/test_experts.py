@@ -251,12 +251,14 @@ def test_a_perturbed_mine_expert_looks_off_the_log_and_comes_back(env):
 
 @pytest.mark.game
 def test_a_perturbed_craft_expert_clicks_on_nothing_and_moves_on(env):
-    """``set_perturbation(1.0)`` on a craft: as the inventory opens, the expert holds one button for 1-4
-    steps where the pointer is on no slot (where the inventory put it, or moved astray first), every step
-    ``PERTURB``; the GUI stays open, the game's inventory and grid are unchanged by them, and the expert's
-    own next step moves the pointer on; the craft then succeeds."""
+    """``set_perturbation(1.0)`` on a craft: as the inventory opens, before it picks a stack and before it
+    takes the output (its hand empty each time), the expert holds one button for 1-4 steps where a click
+    changes nothing (where the inventory put the pointer or astray; 12-45 px off the stack or the output,
+    on nothing or an empty cell or slot), every step ``PERTURB``; the GUI stays open, the game's inventory
+    and grid are unchanged by them, and the expert's own next step moves the pointer on; the craft then
+    succeeds."""
     from histeve_jax.envs.experts import PERTURB
-    from histeve_jax.envs.experts.core import clear_of_targets
+    from histeve_jax.envs.experts.core import CRAFT_OUTPUT_XY, click_changes_nothing
 
     task = load_task("craft_planks").varied(clutter=0.0)
     strayed = set()
@@ -264,19 +266,29 @@ def test_a_perturbed_craft_expert_clicks_on_nothing_and_moves_on(env):
         info, steps = _trace(env, task, seed, perturb=1.0)
         names = [n for n, _, _ in steps]
         first = names.index(PERTURB)
-        end = next(i for i in range(first, len(names)) if names[i] != PERTURB)
-        assert set(names[:first]) == {"open_inventory"}, names[:end + 1]
-        clicks = [i for i in range(first, end) if steps[i][1].get("attack") or steps[i][1].get("use")]
-        assert 1 <= len(clicks) <= 4 and clicks == list(range(end - len(clicks), end)), names[first:end]
-        strayed.add(clicks[0] > first)
-        assert len({b for i in clicks for b in ("attack", "use") if steps[i][1].get(b)}) == 1
-        assert not any(np.any(steps[i][1]["camera"]) for i in clicks)
-        clicked = steps[end - 1][2]
-        assert clicked["is_gui_open"] and clear_of_targets(clicked["cursor"]), clicked["cursor"]
-        assert clicked["inventory"] == {"default:tree": 1}  # the task's (uncluttered) start, as it was
-        assert all(g["type"] == "air" for g in clicked["craft_grid"]), clicked["craft_grid"]
-        assert np.any(steps[end][1]["camera"])  # the expert's own next step moves the pointer
-        assert info["success"] and PERTURB not in names[end:], names[end:]
+        assert set(names[:first]) == {"open_inventory"}, names[:first + 1]
+        clicking = [n == PERTURB and bool(a.get("attack") or a.get("use")) for n, a, _ in steps]
+        blocks = [i for i in range(first, len(names)) if clicking[i] and not clicking[i - 1]]
+        assert len(blocks) == 3, names  # as the inventory opens, before the log's pick, before the output
+        for start in blocks:
+            end = clicking.index(False, start)
+            assert end - start <= 4, names[start:end + 1]
+            assert len({b for i in range(start, end) for b in ("attack", "use") if steps[i][1].get(b)}) == 1
+            assert not any(np.any(steps[i][1]["camera"]) for i in range(start, end))
+            before, clicked = steps[start - 1][2], steps[end - 1][2]
+            assert clicked["is_gui_open"], names[start:end + 1]
+            assert click_changes_nothing(clicked["cursor"], clicked), clicked["cursor"]
+            assert clicked["inventory"] == before["inventory"]  # a click on nothing took nothing
+            assert [g["type"] for g in clicked["craft_grid"]] == [g["type"] for g in before["craft_grid"]]
+            own = next(i for i in range(end, len(names)) if names[i] != PERTURB)
+            assert np.any(steps[end][1]["camera"]) and np.any(steps[own][1]["camera"])  # moves on
+            if start == blocks[0]:
+                strayed.add(start > first)
+                assert clicked["inventory"] == {"default:tree": 1}  # the task's (uncluttered) start
+                assert all(g["type"] == "air" for g in clicked["craft_grid"]), clicked["craft_grid"]
+        (x, y), (ox, oy) = steps[end - 1][2]["cursor"], CRAFT_OUTPUT_XY  # the last: before the output
+        assert 12 - 5 <= max(abs(x - ox), abs(y - oy)) <= 45 + 5 and names[end] == "take_output"
+        assert info["success"], names
     assert strayed == {False, True}, strayed  # in place on some seeds, moved astray first on others
 
 

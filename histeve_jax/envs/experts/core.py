@@ -18,9 +18,12 @@ from histeve_jax.envs.tasks import Task
 EYE_HEIGHT = 1.47  # minetest_game's player eye height above the feet
 REACH = 3.6  # a little under the hand's 4-node range
 MAX_TURN = 10.0  # degrees per step
-# A slot is about 22 px inside (26 px apart): a click within 5 px of its centre lands in it. Finer moves are a
-# 1-2 px difference in a policy's 112x196 frame, steps no policy here can tell apart, so the experts stop.
-CURSOR_TOL = 5.0
+# A slot is about 22 px inside (24-26 px apart): a click within 8 px of its centre lands in it, and the
+# experts stop there. At 5 px, 18% of their clicks came after a last nudge of 4 px (0.6 degrees), about 1 px
+# in a policy's 112x196 frame: a frame where the pointer "just arrived" then looks like one where it has
+# not moved since a click, and a policy that learnt to click on the first clicked on in the second (GUI
+# click loops, README "The craft after the chop"). From 8 px the last move is 11 px or more.
+CURSOR_TOL = 8.0
 AIM_TOL = 1.5  # degrees
 # The subtask of the steps an expert takes off its path on purpose (``Expert.perturb``): played in the game
 # and recorded, never imitated (``data.pipeline`` leaves them out of the targets; they stay history frames).
@@ -42,11 +45,24 @@ CLICK_CLEAR = 16  # px from every slot's centre (slots are 24-26 px apart) where
 STRAY_TOP = 75  # a stray pointer stays below the inventory's page tabs (a click there turns the page)
 
 
-def clear_of_targets(xy: tuple[float, float]) -> bool:
-    """Whether a pointer at ``xy`` (render px) is at least ``CLICK_CLEAR`` px (either axis) from every
-    inventory slot, crafting grid cell and the output slot, and below the page tabs."""
-    targets = (*SLOT_XY.values(), *CRAFT_XY.values(), CRAFT_OUTPUT_XY)
-    return xy[1] >= STRAY_TOP and min(max(abs(xy[0] - x), abs(xy[1] - y)) for x, y in targets) >= CLICK_CLEAR
+def click_changes_nothing(xy: tuple[float, float], info: dict[str, Any]) -> bool:
+    """Whether an empty-handed click at ``xy`` (render px) in the inventory changes nothing: it is below the
+    page tabs, and every inventory slot or crafting grid cell within ``CLICK_CLEAR`` px (either axis) of it
+    is empty in ``info`` (the output slot is never taken for empty: a finished recipe shows there)."""
+    if xy[1] < STRAY_TOP:
+        return False
+    slots, grid = info.get("inventory_slots") or [], info.get("craft_grid")
+
+    def near(t):
+        return max(abs(xy[0] - t[0]), abs(xy[1] - t[1])) < CLICK_CLEAR
+
+    if near(CRAFT_OUTPUT_XY):
+        return False
+    for i, t in SLOT_XY.items():
+        if near(t) and (i > len(slots) or slots[i - 1]["type"] != "air"):
+            return False
+    return not any(near(t) and (grid is None or grid[r * 3 + c]["type"] != "air")
+                   for (r, c), t in CRAFT_XY.items())
 
 
 # The furnace formspec (default.get_furnace_*_formspec) on the same render: its own main-inventory rows.
@@ -193,8 +209,8 @@ class Expert:
             yield noop_action(), subtask
 
     def set_perturbation(self, chance: float, seed: int) -> None:
-        """Perturb (``aim_off``, ``jolt``, ``click_astray``) with probability ``chance`` at each aim, dig
-        and opened inventory, drawn from ``seed``."""
+        """Perturb (``aim_off``, ``jolt``, ``click_astray``) with probability ``chance`` at each aim, dig,
+        opened inventory and move to a craft's stack or output, drawn from ``seed``."""
         if not 0.0 <= chance <= 1.0:
             raise ValueError(f"expert perturbation chance must be in [0, 1], got {chance}")
         self.perturb = float(chance)
@@ -237,24 +253,34 @@ class Expert:
 
     # ---- GUI
 
-    def click_astray(self, max_clicks: int = 4):
-        """With probability ``perturb``: hold one button, left or right, for 1-``max_clicks`` steps where the
-        pointer is on no slot, grid cell or output (``clear_of_targets``: a click there with an empty hand
-        changes nothing), half the time after moving it to such a spot first, every step subtask
-        ``PERTURB``; returns whether it did. Called as the inventory opens (the pointer in the middle of the
-        screen, between the grid and the slots). A policy that clicks on nothing sees a GUI frame whose
-        pointer has not moved since the last one, which says "just clicked, move on" only if a demonstration
-        shows the move from there; without one the policy clicked on (the agent's crafts of 2026-12-06:
-        300-400 clicks in a row on nothing, a craft's whole budget, in the middle or beside the inventory)."""
+    def click_astray(self, near: tuple[int, int] | None = None, max_clicks: int = 4):
+        """With probability ``perturb``: hold one button, left or right, for 1-``max_clicks`` steps where an
+        empty-handed click changes nothing (``click_changes_nothing``), every step subtask ``PERTURB``;
+        returns whether it did. Called only where the expert's hand is empty. With ``near`` (the target the
+        expert moves to next) the pointer first stops 12-45 px off it (on the farther axis), as a move that
+        fell short of it or went past would leave it; without (as the inventory opens) the clicks are where
+        the inventory put the pointer or, half the time, at a random spot first.
+
+        A policy that clicks where nothing happens sees a GUI frame whose pointer has not moved since the
+        last one, which says "just clicked, move on" only if a demonstration shows the move from there;
+        without one it clicked on (the agent's crafts of 2026-12-06: 300-400 clicks in a row, a craft's
+        whole budget, where the inventory opened it, beside the panel, and on the empty grid cell its move
+        to the output stopped on)."""
         if self.perturb <= 0.0 or self.info.get("cursor") is None or self.rng.random() >= self.perturb:
             return False
-        if self.rng.random() < 0.5:
+        if near is not None or self.rng.random() < 0.5:
             for _ in range(100):
-                xy = (int(self.rng.integers(20, 621)), int(self.rng.integers(STRAY_TOP, 341)))
-                if clear_of_targets(xy):
+                if near is None:
+                    xy = (int(self.rng.integers(20, 621)), int(self.rng.integers(STRAY_TOP, 341)))
+                else:
+                    d = self.rng.integers(0, 46, size=2) * self.rng.choice([-1, 1], size=2)
+                    if max(abs(d)) < 12:
+                        continue
+                    xy = (int(near[0] + d[0]), int(near[1] + d[1]))
+                if click_changes_nothing(xy, self.info):
                     yield from self.cursor_to(xy, PERTURB)
                     break
-        if not clear_of_targets(self.info["cursor"]):  # the pointer ended on a slot: no click there
+        if not click_changes_nothing(self.info["cursor"], self.info):  # stopped where a click takes a stack
             return True
         button = ("attack", "use")[int(self.rng.integers(2))]
         for _ in range(int(self.rng.integers(1, max_clicks + 1))):

@@ -76,6 +76,7 @@ class CraftExpert(Expert):
                 if slot is None:
                     raise RuntimeError(f"no {item} in the inventory for {self.output}")
                 count = self.info["inventory_slots"][slot - 1]["quantity"]
+                yield from self.click_astray(near=SLOT_XY[slot])  # perturbation: the hand is empty here
                 yield from self.cursor_to(SLOT_XY[slot], f"pick_{item}")
                 yield from self.click("attack", f"pick_{item}")  # the whole stack onto the cursor
                 for cell in cells:
@@ -100,6 +101,7 @@ class CraftExpert(Expert):
                 yield noop_action(), "wait_recipe"
             if (self.grid_missing() or self.grid_wrong()) and self.info.get("craft_grid") is not None:
                 continue
+            yield from self.click_astray(near=CRAFT_OUTPUT_XY)  # the hand is empty: all placed or returned
             yield from self.cursor_to(CRAFT_OUTPUT_XY, "take_output")
             yield from self.click("attack", "take_output")
             before = self.info["inventory"].get(self.output, 0)
