@@ -35,8 +35,8 @@ def _agent_factory(c):
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     server = ray.remote(num_cpus=0)(PolicyServer).remote(c.policy, None if c.step < 0 else c.step,
                                                          greedy=c.greedy, temperature=c.temperature)
-    history, stride, _ = ray.get(server.layout.remote())
-    return PolicyAgentFactory(server, history, stride), ray.shutdown
+    layout, _ = ray.get(server.layout.remote())
+    return PolicyAgentFactory(server, layout), ray.shutdown
 
 
 def main(argv: list[str]) -> None:

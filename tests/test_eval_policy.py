@@ -65,6 +65,36 @@ def test_frame_history_is_the_training_window(tmp_path):
             np.testing.assert_array_equal(a, b)
 
 
+def test_frame_history_within_a_regime_is_the_training_window(tmp_path):
+    """``data.history_in_regime``: a window's history frames come only from the current GUI-open (or closed)
+    run, the steps before its first repeating that one, in the pipeline's windows and the agent's alike;
+    off, the same records give windows across the switch."""
+    import dataclasses
+
+    from histeve_jax.data.pipeline import WindowSource, open_shards
+
+    synthetic.write_demo_dataset(tmp_path / "src", episodes=1, length=14, seed=3, frame_format="png")
+    src = WindowSource(open_shards(str(tmp_path / "src")))
+    gui = [False] * 5 + [True] * 6 + [False] * 3  # opens at step 5, closes at step 11
+    episode = [dataclasses.replace(records_lib.deserialize(records_lib.serialize(src[j]["record"] | {
+        "frame": src[j]["frames"][-1]})), is_gui_open=g) for j, g in enumerate(gui)]
+    records_lib.write_episodes(tmp_path / "eps", [episode])
+    frames = [records_lib.decode_frame(r.frame) for r in episode]
+    for in_regime in (False, True):
+        source = WindowSource(open_shards(str(tmp_path / "eps")), history=2, stride=3, in_regime=in_regime)
+        hist = FrameHistory(history=2, stride=3, in_regime=in_regime)
+        for j in range(len(source)):
+            window = [records_lib.decode_frame(f) for f in source[j]["frames"]]
+            got = hist.push(frames[j], int(gui[j]))
+            first = min(b for b in range(j + 1) if all(g == gui[j] for g in gui[b:j + 1])) if in_regime else 0
+            want = [frames[max(j - k * 3, first)] for k in (2, 1, 0)]
+            for a, b, c in zip(got, window, want, strict=True):
+                np.testing.assert_array_equal(a, c)
+                np.testing.assert_array_equal(b, c)
+    with pytest.raises(ValueError, match="regime"):
+        FrameHistory(history=1, stride=1, in_regime=True).push(frames[0])
+
+
 def test_a_run_loads_from_its_workdir_and_pads_without_changing_actions(run_dir):
     loaded = load_run(run_dir)
     stride = imitation.get_config("tiny").data.stride

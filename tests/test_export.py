@@ -161,6 +161,30 @@ def test_the_actor_sees_each_frame_through_the_runs_codec(exported, loaded, acto
     assert not os.path.exists(str(exported) + "-webp")
 
 
+def test_the_actors_frame_history_is_the_runs_layout(exported, loaded, tmp_path):
+    """The directory records whether the run's history stays within a GUI-open or closed run
+    (``data.history_in_regime``); the actor's ``frame_history()`` then gives the windows ours gives."""
+    import dataclasses
+
+    table = json.load(open(os.path.join(exported, action_tables.ACTIONS_FILE)))
+    assert table["observation"]["history_in_regime"] is False
+    out = str(tmp_path / "in_regime")
+    export_policy(loaded.policy, loaded.processor.tokenizer, out, frame_format=loaded.frame_format,
+                  jpeg_quality=loaded.jpeg_quality, id_map=loaded.id_map, stride=2, history_in_regime=True)
+    actor = _actor_module(out).HiSteveActor(out)
+    assert actor.history_in_regime and actor.stride == 2
+    ours = dataclasses.replace(loaded, stride=2, history_in_regime=True).layout.frame_history()
+    theirs = actor.frame_history()
+    frames = [np.full((8, 8, 3), i, np.uint8) for i in range(12)]
+    regimes = [0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0]
+    for f, r in zip(frames, regimes, strict=True):
+        a, b = ours.push(f, r), theirs.push(f, r)
+        assert [int(x[0, 0, 0]) for x in a] == [int(x[0, 0, 0]) for x in b]
+    assert loaded.history == 1
+    assert [int(x[0, 0, 0]) for x in ours.push(frames[0], 0)] == [10, 0]  # 2 back, within the run
+    assert [int(x[0, 0, 0]) for x in theirs.push(frames[0], 1)] == [0, 0]  # the GUI opened: itself
+
+
 def test_greedy_actions_equal_ours_for_100_observations(loaded, actor):
     obs, regimes = _observations(100, seed=2)
     ours = loaded.sample(obs, regimes, jax.random.key(0), greedy=True)

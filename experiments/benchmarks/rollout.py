@@ -49,9 +49,9 @@ def steps_per_second(workdir: str, instances: int) -> float:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         server = ray.remote(num_cpus=0)(PolicyServer).remote(workdir, max_batch=instances)
-        history, stride, _ = ray.get(server.layout.remote())
+        layout, _ = ray.get(server.layout.remote())
         with Fleet(instances, {"obs_size": (56, 56)}) as fleet:
-            factory = PolicyAgentFactory(server, history, stride)
+            factory = PolicyAgentFactory(server, layout)
             # A short episode first: the games start and the policy compiles outside the timed one.
             list(fleet.run([EpisodeSpec("find_gold", 1000 + i, 5) for i in range(instances)], factory))
             n0 = len(ray.get(server.request_times.remote()))

@@ -57,6 +57,7 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.data.max_bad_fraction = 0.05
     c.data.min_samples_for_check = 64
     c.data.skip_null_actions = False  # leave no-op steps out of the demonstrations, as VPT does
+    c.data.history_in_regime = False  # history frames only from the current GUI-open/closed run
     # The frames' codec: recorded demonstrations are written with it, and the policy acts on live frames
     # passed through it (JPEG's loss alone flipped a craft's move: the train/act gap, closed both ways).
     c.data.frame_format = "jpeg"

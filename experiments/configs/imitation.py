@@ -58,6 +58,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # was already here a step ago" tells the policy it has clicked: 4 steps back, it could not tell,
         # and craft_planks was 0/20 (README "The GUI").
         c.data.stride = 1
+        # ... and it is a frame of the same GUI-open or closed run: the view before the inventory opened
+        # steered the first GUI move (handed a craft beside a chopped trunk, looking up, the pickaxe
+        # variant's policy clicked where the inventory opened it or moved away from every slot). With it
+        # (2026-12-06, README "The first move in the GUI"): validation 3/6 from 0-1/6, no craft_planks or
+        # craft_sticks click loop. The main job's figures predate it (the world tasks never open a GUI).
+        c.data.history_in_regime = True
         c.eval.enabled = True
         c.eval.episodes = 20
     if variant == "pickaxe":

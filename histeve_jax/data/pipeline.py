@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -88,14 +88,29 @@ def open_shards(directories: str | Sequence[str]) -> ShardSet:
 # --------------------------------------------------------------------------------------------- windows
 
 
+def history_reach(step: int, history: int, stride: int, in_regime: bool,
+                  gui_back: Callable[[int], bool]) -> int:
+    """How many steps back the window of an episode's step ``step`` takes frames from (its frame ``k`` back is
+    the step ``min(k * stride, reach)`` back): ``history * stride``, no further than the episode's first
+    step, and with ``in_regime`` than the first of the steps since the GUI last opened or closed
+    (``gui_back(b)``: whether the step ``b`` steps back had a GUI open)."""
+    reach = min(history * stride, step)
+    if in_regime and reach:
+        here = gui_back(0)
+        reach = next((b - 1 for b in range(1, reach + 1) if gui_back(b) != here), reach)
+    return reach
+
+
 class WindowSource(grain.sources.RandomAccessDataSource):
     """Record ``j`` plus the encoded frames of its history: ``{"record": dict, "frames": [bytes, ...]}``.
 
     ``history`` frames ``stride`` steps apart precede the current one (oldest first); a record that fails
     to read or decode yields ``{BAD: reason}`` instead of raising, so one bad record costs one sample.
+    Steps before the episode's first repeat it; with ``in_regime``, steps before the current GUI-open (or
+    GUI-closed) run's first repeat that one (``eval.policy_agent.FrameHistory`` the same at run time).
     """
 
-    def __init__(self, shards: ShardSet, history: int = 0, stride: int = 1):
+    def __init__(self, shards: ShardSet, history: int = 0, stride: int = 1, in_regime: bool = False):
         from array_record.python.array_record_data_source import ArrayRecordDataSource
 
         if history < 0 or stride < 1:
@@ -105,6 +120,7 @@ class WindowSource(grain.sources.RandomAccessDataSource):
         self._names = [os.path.basename(p) for p in shards.paths]
         self.history = history
         self.stride = stride
+        self.in_regime = bool(in_regime)
 
     def __len__(self) -> int:
         return self._len
@@ -112,7 +128,7 @@ class WindowSource(grain.sources.RandomAccessDataSource):
     def __repr__(self) -> str:
         # grain stores and checks this string in the iterator state: it must not hold a memory address.
         return (f"WindowSource(shards={self._names}, records={self._len}, history={self.history}, "
-                f"stride={self.stride})")
+                f"stride={self.stride}" + (", in_regime=True)" if self.in_regime else ")"))
 
     def _read(self, j: int) -> R.StepRecord:
         try:
@@ -121,22 +137,26 @@ class WindowSource(grain.sources.RandomAccessDataSource):
             raise R.RecordError(f"record {j} does not read: {type(e).__name__}") from e
         return R.deserialize(data)
 
+    def _back(self, j: int, back: int, read: dict[int, R.StepRecord]) -> R.StepRecord:
+        """Record ``j - back`` (cached in ``read``, which holds ``read[0]``, record ``j``), checked to be the
+        same episode's step ``back`` steps before."""
+        if back not in read:
+            rec, h = read[0], self._read(j - back)
+            if h.episode_id != rec.episode_id or h.step != rec.step - back:
+                raise R.RecordError(f"record {j}: history record {j - back} is {h.episode_id}/{h.step}, "
+                                    f"not {rec.episode_id}/{rec.step - back} (episode not contiguous)")
+            read[back] = h
+        return read[back]
+
     def __getitem__(self, j: int) -> dict[str, Any]:
         j = int(j)
         try:
             rec = self._read(j)
-            frames = []
-            for k in range(self.history, 0, -1):
-                back = min(k * self.stride, rec.step)
-                if back == 0:
-                    frames.append(rec.frame)
-                    continue
-                h = self._read(j - back)
-                if h.episode_id != rec.episode_id or h.step != rec.step - back:
-                    raise R.RecordError(f"record {j}: history record {j - back} is {h.episode_id}/{h.step}, "
-                                        f"not {rec.episode_id}/{rec.step - back} (episode not contiguous)")
-                frames.append(h.frame)
-            frames.append(rec.frame)
+            read = {0: rec}
+            reach = history_reach(rec.step, self.history, self.stride, self.in_regime,
+                                  lambda b: self._back(j, b, read).is_gui_open)
+            frames = [self._back(j, min(k * self.stride, reach), read).frame
+                      for k in range(self.history, -1, -1)]
         except R.RecordError as e:
             return {BAD: _reason(e)}
         d = dataclasses.asdict(rec)
@@ -283,6 +303,10 @@ class FeatureSpec:
     # cloning does. A demonstration's pauses (waiting for the game) hold frames that look like the frame of
     # the move or click that follows them; labelled no-op most times, those frames teach the policy to wait.
     skip_null_actions: bool = False
+    # History frames stay within the current GUI-open (or closed) run, as an episode's first step repeats
+    # itself: a world view says nothing of where the pointer is, nor a GUI frame of the world (README
+    # "The craft after the chop": the view before the inventory opened steered a policy's first GUI move).
+    history_in_regime: bool = False
 
     def __post_init__(self):
         if self.kind not in ("demo", "world_knowledge"):
@@ -468,7 +492,8 @@ def make_batches(directories: str | Sequence[str], spec: FeatureSpec, options: L
     else:
         shard_opts = grain.sharding.ShardOptions(options.shard_index or 0, options.shard_count,
                                                  drop_remainder=True)
-    source = WindowSource(shards, history=spec.history if spec.kind == "demo" else 0, stride=spec.stride)
+    source = WindowSource(shards, history=spec.history if spec.kind == "demo" else 0, stride=spec.stride,
+                          in_regime=spec.history_in_regime)
     sampler = grain.samplers.IndexSampler(len(source), shuffle=options.shuffle, num_epochs=options.num_epochs,
                                           seed=options.seed)
     ops = [SkipPerturbed()] if spec.kind == "demo" else []

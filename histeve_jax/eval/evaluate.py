@@ -197,8 +197,8 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
                     server = ray.remote(num_cpus=0)(PolicyServer).remote(
                         spec.policy, loaded.step, max_batch=spec.instances, greedy=spec.greedy,
                         temperature=spec.temperature, top_p=spec.top_p)
-                    history, stride, summary["policy_checkpoint"] = ray.get(server.layout.remote())
-                    factory = PolicyAgentFactory(server, history, stride)
+                    layout, summary["policy_checkpoint"] = ray.get(server.layout.remote())
+                    factory = PolicyAgentFactory(server, layout)
                 elif agent == "expert":
                     factory = expert_agent
                 else:

@@ -119,7 +119,8 @@ def demo_windows(records: str | Sequence[str], spec: P.FeatureSpec, *, task: str
     from histeve_jax.actions import is_null_action
     from histeve_jax.envs.experts.core import is_perturbed
 
-    src = P.WindowSource(P.open_shards(records), history=spec.history, stride=spec.stride)
+    src = P.WindowSource(P.open_shards(records), history=spec.history, stride=spec.stride,
+                         in_regime=spec.history_in_regime)
     out = []
     for i in range(len(src)):
         w = src[i]

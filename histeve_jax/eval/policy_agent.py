@@ -5,7 +5,9 @@
   remap, the frame history layout). A workdir with no checkpoint, or one whose tree does not match its
   config, is one ``ValueError``/``FileNotFoundError`` naming it.
 * ``FrameHistory``: the frames of the training windows (``data.pipeline.WindowSource``): ``history`` frames
-  ``stride`` steps apart before the current one, clamped to the episode's first frame early on.
+  ``stride`` steps apart before the current one, clamped to the episode's first frame early on (and, with
+  ``data.history_in_regime``, to the first frame since the GUI last opened or closed); ``FrameLayout`` is
+  what a game-side agent needs to build one (``LoadedPolicy.layout``, ``PolicyServer.layout``).
 * ``PolicyServer`` (a Ray actor): one compiled batched call for the requests of all game instances that
   arrive together; rows are padded to a fixed batch and prompts to a length bucket so a handful of shapes
   ever compile. ``PolicyAgent`` is the game-side ``Agent`` that asks it, built by ``PolicyAgentFactory``.
@@ -64,10 +66,15 @@ class LoadedPolicy:
     stride: int
     frame_format: str  # the run's training frames' codec (``data.frame_format``): jpeg, or png (lossless)
     jpeg_quality: int
+    history_in_regime: bool = False  # the run's ``data.history_in_regime`` (``FrameHistory``)
 
     @property
     def config(self) -> Any:
         return self.policy.config
+
+    @property
+    def layout(self) -> FrameLayout:
+        return FrameLayout(self.history, self.stride, self.history_in_regime)
 
     def through_codec(self, frame: np.ndarray) -> np.ndarray:
         """``frame`` as the run's training frames were stored: a JPEG run acts on the JPEG round trip of
@@ -161,22 +168,46 @@ def load_run(workdir: str, step: int | None = None) -> LoadedPolicy:
         processor=policy_processor(policy.config, tok),
         id_map=None if cv is None else cv.table(len(policy.config.vocab.ids)),
         history=policy.config.history_frames, stride=spec.data.stride,
-        frame_format=spec.data.frame_format, jpeg_quality=spec.data.jpeg_quality)
+        frame_format=spec.data.frame_format, jpeg_quality=spec.data.jpeg_quality,
+        history_in_regime=spec.data.history_in_regime)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameLayout:
+    """How a run's policy windows its frames (its ``data.history``, ``data.stride``, and
+    ``data.history_in_regime``): what a game-side agent needs to give it the training windows."""
+
+    history: int
+    stride: int
+    in_regime: bool = False
+
+    def frame_history(self) -> FrameHistory:
+        return FrameHistory(self.history, self.stride, self.in_regime)
 
 
 class FrameHistory:
     """The frames of one training window: ``history`` frames ``stride`` steps apart, then the current one;
-    steps before the episode's first repeat it (as ``WindowSource`` clamps)."""
+    steps before the episode's first repeat it (as ``WindowSource`` clamps), and with ``in_regime`` steps
+    before the current GUI-open or GUI-closed run's first (``data.history_in_regime``)."""
 
-    def __init__(self, history: int, stride: int):
-        self.history, self.stride = history, stride
+    def __init__(self, history: int, stride: int, in_regime: bool = False):
+        self.history, self.stride, self.in_regime = history, stride, bool(in_regime)
         self._frames: deque[np.ndarray] = deque(maxlen=history * stride + 1)
+        self._regime: int | None = None
 
     def reset(self) -> None:
         self._frames.clear()
+        self._regime = None
 
-    def push(self, frame: np.ndarray) -> list[np.ndarray]:
-        """Add the current frame; returns the window's frames, oldest first."""
+    def push(self, frame: np.ndarray, regime: int | None = None) -> list[np.ndarray]:
+        """Add the current frame (``regime``: 1 with a GUI open, else 0; needed with ``in_regime``);
+        returns the window's frames, oldest first."""
+        if self.in_regime:
+            if regime is None:
+                raise ValueError("FrameHistory(in_regime=True).push: the frame's regime is needed")
+            if regime != self._regime:
+                self._frames.clear()
+            self._regime = int(regime)
         self._frames.append(frame)
         n = len(self._frames)  # while n < maxlen, index 0 is the episode's first frame: the clamp
         return [self._frames[max(n - 1 - k * self.stride, 0)] for k in range(self.history, -1, -1)]
@@ -202,9 +233,9 @@ class PolicyServer:
         self.batch_sizes: list[int] = []
         self.arrivals: list[float] = []  # monotonic time of each request (its callers' step rate)
 
-    def layout(self) -> tuple[int, int, str]:
-        """(history frames, stride, the run's workdir and step) for the game-side agents."""
-        return self.loaded.history, self.loaded.stride, f"{self.loaded.workdir}@{self.loaded.step}"
+    def layout(self) -> tuple[FrameLayout, str]:
+        """(the policy's frame layout, the run's workdir and step) for the game-side agents."""
+        return self.loaded.layout, f"{self.loaded.workdir}@{self.loaded.step}"
 
     def stats(self) -> dict[str, float]:
         """Calls served and the mean rows per compiled call."""
@@ -255,9 +286,9 @@ class PolicyServer:
 class PolicyAgent:
     """The game-side agent of a served policy: keeps the frame history, asks the server for each step."""
 
-    def __init__(self, server: Any, history: int, stride: int, name: str = "policy"):
+    def __init__(self, server: Any, layout: FrameLayout, name: str = "policy"):
         self.server, self.name = server, name
-        self.frames = FrameHistory(history, stride)
+        self.frames = layout.frame_history()
         self.instruction = ""
 
     def reset(self, task: Any, obs: dict, info: dict, seed: int) -> None:
@@ -267,8 +298,9 @@ class PolicyAgent:
     def act(self, obs: dict, info: dict) -> Decision:
         import ray
 
-        frames = self.frames.push(np.asarray(obs["image"]))
-        out = ray.get(self.server.act.remote(frames, self.instruction, int(bool(info["is_gui_open"]))))
+        regime = int(bool(info["is_gui_open"]))
+        frames = self.frames.push(np.asarray(obs["image"]), regime)
+        out = ray.get(self.server.act.remote(frames, self.instruction, regime))
         return Decision(action=out["action"], tokens=out["tokens"], logprobs=out["logprobs"],
                         text=action_text(out["action"]))
 
@@ -278,9 +310,8 @@ class PolicyAgentFactory:
     """``make_agent(task_name, seed)`` for the fleet: carries the server's handle, not the weights."""
 
     server: Any
-    history: int
-    stride: int
+    layout: FrameLayout
     name: str = "policy"
 
     def __call__(self, task_name: str, seed: int) -> PolicyAgent:
-        return PolicyAgent(self.server, self.history, self.stride, self.name)
+        return PolicyAgent(self.server, self.layout, self.name)

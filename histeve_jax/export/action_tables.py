@@ -8,9 +8,9 @@ degrees from ``Codebook.undiscretize``; ``order``: its place in the fixed token 
 decode is a table lookup. It also names the
 grammar file (``action_grammar.npz``: ``allowed`` [S, V] bool and ``next_state`` [S, V] int32 from
 ``actions.grammar.build_grammar``, start state = regime, ``done`` absorbing), the id map file
-(``id_map.npy``, tokenizer id -> model id) or null, and the observation layout (frames, size, stride,
-and the codec of the frames the policy was trained on: a JPEG-trained policy acts on each frame's JPEG
-round trip).
+(``id_map.npy``, tokenizer id -> model id) or null, and the observation layout (frames, size, stride, whether
+history stays within a GUI-open or closed run, and the codec of the frames the policy was trained on: a
+JPEG-trained policy acts on each frame's JPEG round trip).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def _decode_entries(vocab: ActionVocab) -> list[dict[str, Any]]:
 
 
 def action_tables(config: PolicyConfig, tokenizer_vocab: ActionVocab, *, id_map: np.ndarray | None,
-                  stride: int, frame_format: str, jpeg_quality: int = 95) -> dict[str, Any]:
+                  stride: int, frame_format: str, jpeg_quality: int = 95,
+                  history_in_regime: bool = False) -> dict[str, Any]:
     """The ``histeve_actions.json`` dict of a policy (module docstring); ``frame_format``/``jpeg_quality``:
     the run's ``data.frame_format``/``data.jpeg_quality`` (png: lossless, frames are used as they come;
     ``export_policy`` checks the format)."""
@@ -77,6 +78,7 @@ def action_tables(config: PolicyConfig, tokenizer_vocab: ActionVocab, *, id_map:
         "id_map": None if id_map is None else ID_MAP_FILE,
         "model_vocab_size": config.vocab_size,
         "observation": {"history_frames": config.history_frames, "stride": int(stride),
+                        "history_in_regime": bool(history_in_regime),
                         "image_size": list(config.image_size),
                         "frame_codec": {"format": frame_format, "quality": int(jpeg_quality)}},
         "detector": None,  # the completion detector's sub-directory, once runs have one

@@ -69,7 +69,8 @@ def hf_config(model_config: Any, *, dtype: str, histeve: dict[str, Any]) -> dict
 
 
 def export_policy(policy: Any, tokenizer: Any, out: str, *, frame_format: str, jpeg_quality: int = 95,
-                  id_map: np.ndarray | None = None, stride: int = 1, dtype: str | None = None,
+                  id_map: np.ndarray | None = None, stride: int = 1, history_in_regime: bool = False,
+                  dtype: str | None = None,
                   max_shard_size: int | str = "5GB",
                   overwrite: bool = False, source: dict[str, Any] | None = None,
                   detector: detector_export.DetectorRun | None = None) -> str:
@@ -78,7 +79,8 @@ def export_policy(policy: Any, tokenizer: Any, out: str, *, frame_format: str, j
     ``tokenizer``: the one the policy was trained with (action tokens added); ``frame_format`` and
     ``jpeg_quality``: the codec of its training frames (a run's ``data.frame_format``; the exported actor
     passes each frame through it, as ``LoadedPolicy`` does, png: none); ``id_map``: tokenizer id ->
-    model id for tiny models; ``dtype``: the weights' dtype (default: the parameters'); ``detector``: a
+    model id for tiny models; ``stride``/``history_in_regime``: the run's frame layout (``data.stride``,
+    ``data.history_in_regime``); ``dtype``: the weights' dtype (default: the parameters'); ``detector``: a
     detector run's detector that reads this policy (``detector_export.load_detector_run``). Returns ``out``.
     """
     from transformers import Qwen2VLImageProcessorPil
@@ -101,7 +103,8 @@ def export_policy(policy: Any, tokenizer: Any, out: str, *, frame_format: str, j
         raise ExportError(f"the tokenizer's action ids {tok_vocab.ids[:2].tolist()}.. map to "
                           f"{mapped[:2].tolist()}.., the policy's are {config.vocab.ids[:2].tolist()}..")
     tables = action_tables.action_tables(config, tok_vocab, id_map=id_map, stride=stride,
-                                         frame_format=frame_format, jpeg_quality=jpeg_quality)
+                                         frame_format=frame_format, jpeg_quality=jpeg_quality,
+                                         history_in_regime=history_in_regime)
     histeve = {"source": source or {}, "codebook": config.codebook, "actions": action_tables.ACTIONS_FILE,
                "action_module": ACTION_FILE}
     if detector is not None:
@@ -173,5 +176,6 @@ def export_run(run: str, out: str, *, step: int | None = None, dtype: str | None
                                                 step=detector_step)
     return export_policy(loaded.policy, loaded.processor.tokenizer, out, frame_format=loaded.frame_format,
                          jpeg_quality=loaded.jpeg_quality, id_map=loaded.id_map, stride=loaded.stride,
-                         dtype=dtype, max_shard_size=max_shard_size, overwrite=overwrite,
+                         history_in_regime=loaded.history_in_regime, dtype=dtype,
+                         max_shard_size=max_shard_size, overwrite=overwrite,
                          source={"run": os.path.abspath(run), "step": loaded.step}, detector=det)

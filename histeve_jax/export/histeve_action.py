@@ -3,8 +3,10 @@
 This file is copied into every exported directory; it needs torch, transformers, numpy and PIL, not JAX::
 
     import sys; sys.path.insert(0, export_dir)
-    from histeve_action import HiSteveActor, FrameHistory
+    from histeve_action import HiSteveActor
     actor = HiSteveActor(export_dir)
+    history = actor.frame_history()                                          # per episode
+    frames = history.push(obs["image"], info["is_gui_open"])
     actions = actor.act([(frames, "chop a tree")], [info["is_gui_open"]])   # one env action per row
 
 * The prompt is the training prompt: one user turn with the frames (oldest first, each through the codec
@@ -123,17 +125,27 @@ def decode_action(table: Mapping[str, Any], ids: Sequence[int]) -> tuple[dict[st
 
 class FrameHistory:
     """The frames of one training window: ``history`` frames ``stride`` steps apart, then the current one;
-    steps before the episode's first repeat it (as training windows clamp)."""
+    steps before the episode's first repeat it (as training windows clamp), and with ``in_regime``
+    (``observation.history_in_regime``) steps before the first since the GUI last opened or closed."""
 
-    def __init__(self, history: int, stride: int):
-        self.history, self.stride = history, stride
+    def __init__(self, history: int, stride: int, in_regime: bool = False):
+        self.history, self.stride, self.in_regime = history, stride, bool(in_regime)
         self._frames: deque[np.ndarray] = deque(maxlen=history * stride + 1)
+        self._regime: int | None = None
 
     def reset(self) -> None:
         self._frames.clear()
+        self._regime = None
 
-    def push(self, frame: np.ndarray) -> list[np.ndarray]:
-        """Add the current frame; returns the window's frames, oldest first."""
+    def push(self, frame: np.ndarray, regime: int | None = None) -> list[np.ndarray]:
+        """Add the current frame (``regime``: 1 with a GUI open, else 0; needed with ``in_regime``);
+        returns the window's frames, oldest first."""
+        if self.in_regime:
+            if regime is None:
+                raise ValueError("FrameHistory(in_regime=True).push: the frame's regime is needed")
+            if regime != self._regime:
+                self._frames.clear()
+            self._regime = int(regime)
         self._frames.append(frame)
         n = len(self._frames)
         return [self._frames[max(n - 1 - k * self.stride, 0)] for k in range(self.history, -1, -1)]
@@ -168,11 +180,16 @@ class HiSteveActor:
         self.image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=True)
         obs = self.table["observation"]
         self.history_frames, self.stride = obs["history_frames"], obs["stride"]
+        self.history_in_regime = bool(obs.get("history_in_regime", False))  # older directories: across
         self.image_size = tuple(obs["image_size"])
         # directories exported before the codec was recorded: frames as they come
         self.frame_codec = obs.get("frame_codec", {"format": "png", "quality": 95})
         self.end = self.table["end_model_id"]
         self.max_len = self.table["max_action_tokens"]
+
+    def frame_history(self) -> FrameHistory:
+        """An episode's frame history in this policy's training layout (push each frame with its regime)."""
+        return FrameHistory(self.history_frames, self.stride, self.history_in_regime)
 
     def _model_ids(self, ids: np.ndarray) -> np.ndarray:
         return ids if self.id_map is None else self.id_map[ids]

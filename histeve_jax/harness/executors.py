@@ -142,11 +142,9 @@ class PolicyExecutor:
                  seed: int = 0, name: str = "policy"):
         import jax
 
-        from histeve_jax.eval.policy_agent import FrameHistory
-
         self.loaded, self.name = loaded, name
         self.greedy, self.temperature, self.top_p = greedy, temperature, top_p
-        self.frames = FrameHistory(loaded.history, loaded.stride)
+        self.frames = loaded.layout.frame_history()
         self._key = jax.random.key(seed)
         self._calls = 0
         self.instruction = ""
@@ -172,10 +170,11 @@ class PolicyExecutor:
             if phase != "done":
                 return Decision(action=action, subtask=f"{self._label}/close_gui", text=action_text(action))
             self._closer = None  # closed: the policy's history starts at the world view
-        frames = self.frames.push(np.asarray(obs["image"]))
+        regime = int(bool(info["is_gui_open"]))
+        frames = self.frames.push(np.asarray(obs["image"]), regime)
         key = jax.random.fold_in(self._key, self._calls)
         self._calls += 1
-        row = self.loaded.sample([(frames, self.instruction)], [int(bool(info["is_gui_open"]))], key,
+        row = self.loaded.sample([(frames, self.instruction)], [regime], key,
                                  temperature=self.temperature, greedy=self.greedy, top_p=self.top_p)[0]
         return Decision(action=row.action, subtask=self._label, tokens=row.tokens, logprobs=row.logprobs,
                         text=action_text(row.action))

@@ -163,7 +163,8 @@ def make_rl_batches(spec: RunSpec, stage: setup.Stage, rl: RLSpec, *, mesh: Any 
     rows = multihost.process_rows(step_lib.batch_sharding(mesh, rules), rl.batch_size)
     stream = GroupDataset(rl.rollout_dir, rl_rows=rl.rl_rows, pair_units=rl.pair_units, history=feats.history,
                           stride=feats.stride, loss=rl.loss, max_policy_lag=rl.max_policy_lag, seed=rl.seed,
-                          poll_s=rl.poll_s, timeout_s=rl.timeout_s).map(FeaturizePlan(feats, rows))
+                          poll_s=rl.poll_s, timeout_s=rl.timeout_s,
+                          in_regime=feats.history_in_regime).map(FeaturizePlan(feats, rows))
     replay = None
     if rl.replay_rows:
         opts = pipeline.LoaderOptions(batch_size=rl.replay_rows, seed=spec.data.seed, shuffle=True,

@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from histeve_jax.eval.policy_agent import PolicyAgent
+from histeve_jax.eval.policy_agent import FrameLayout, PolicyAgent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +62,14 @@ class RoutedAgentFactory:
     """``make_agent(task_name, seed)`` for the fleet: game i's agent asks replica ``i % len(servers)``."""
 
     servers: list[Any]
-    history: int
-    stride: int
+    layout: FrameLayout
     name: str = "policy"
 
     def __call__(self, task_name: str, seed: int) -> PolicyAgent:
         from histeve_jax.eval.fleet import game_index
 
         server = self.servers[game_index() % len(self.servers)]
-        return PolicyAgent(server, self.history, self.stride, self.name)
+        return PolicyAgent(server, self.layout, self.name)
 
 
 class ServerPool:
@@ -95,11 +94,11 @@ class ServerPool:
         actor = ray.remote(RLPolicyServer).options(**options)
         self.servers = [actor.remote(start_run, learner_dir, max_batch=spec.batch_for(games),
                                      temperature=temperature, seed=i) for i in range(spec.replicas)]
-        self.history, self.stride, _ = ray.get(self.servers[0].layout.remote())
+        self.layout, _ = ray.get(self.servers[0].layout.remote())
 
     def factory(self) -> RoutedAgentFactory:
         """The fleet's agent factory (carries the replicas' handles, not the weights)."""
-        return RoutedAgentFactory(list(self.servers), self.history, self.stride)
+        return RoutedAgentFactory(list(self.servers), self.layout)
 
     def reload(self) -> int:
         """Every replica loads the learner's newest step; returns the oldest step acting now."""

@@ -64,9 +64,12 @@ def read_group(path: str) -> list[list[R.StepRecord]]:
     return list(episodes.values())
 
 
-def _window(episode: list[R.StepRecord], step: int, history: int, stride: int) -> dict[str, Any]:
+def _window(episode: list[R.StepRecord], step: int, history: int, stride: int,
+            in_regime: bool = False) -> dict[str, Any]:
+    """Step ``step``'s window, as ``pipeline.WindowSource`` builds it and the actor's ``FrameHistory`` did."""
     rec = episode[step]
-    frames = [episode[max(step - k * stride, 0)].frame for k in range(history, 0, -1)] + [rec.frame]
+    reach = pipeline.history_reach(step, history, stride, in_regime, lambda b: episode[step - b].is_gui_open)
+    frames = [episode[step - min(k * stride, reach)].frame for k in range(history, -1, -1)]
     d = {f: getattr(rec, f) for f in ("instruction", "subtask", "action", "is_gui_open", "metadata")}
     return {"record": d, "frames": frames}
 
@@ -75,12 +78,12 @@ class GroupPlans:
     """One group's plans (module docstring); a pure function of the group's records and the options."""
 
     def __init__(self, episodes: list[list[R.StepRecord]], name: str, *, rl_rows: int, pair_units: int,
-                 history: int, stride: int, seed: int, loss: RLLossConfig):
+                 history: int, stride: int, seed: int, loss: RLLossConfig, in_regime: bool = False):
         rows = [(e, s) for e, ep in enumerate(episodes) for s, r in enumerate(ep)
                 if r.metadata.get("action_tokens")]
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         order = rng.permutation(len(rows))
-        self.episodes, self.history, self.stride = episodes, history, stride
+        self.episodes, self.history, self.stride, self.in_regime = episodes, history, stride, in_regime
         self.rl = [rows[i] for i in order]
         self.rl_rows, self.pair_units, self.window = rl_rows, pair_units, loss.dpo_window
         self.n_plans = max(1, -(-len(self.rl) // rl_rows))
@@ -122,7 +125,7 @@ class GroupPlans:
                 "chosen": np.asarray(chosen, bool), "policy_step": self.policy_step}
 
     def _w(self, e: int, s: int) -> dict[str, Any]:
-        return _window(self.episodes[e], s, self.history, self.stride)
+        return _window(self.episodes[e], s, self.history, self.stride, self.in_regime)
 
 
 class GroupStream(grain.DatasetIterator):
@@ -130,11 +133,11 @@ class GroupStream(grain.DatasetIterator):
 
     def __init__(self, directory: str, *, rl_rows: int, pair_units: int, history: int, stride: int,
                  loss: RLLossConfig, max_policy_lag: int, seed: int = 0, poll_s: float = 1.0,
-                 timeout_s: float = 3600.0):
+                 timeout_s: float = 3600.0, in_regime: bool = False):
         super().__init__()
         self.directory = directory
         self.opts = dict(rl_rows=rl_rows, pair_units=pair_units, history=history, stride=stride, seed=seed,
-                         loss=loss)
+                         loss=loss, in_regime=in_regime)
         self.max_policy_lag = max_policy_lag
         self.order = GroupOrder(directory, poll_s=poll_s, timeout_s=timeout_s)
         self.shards: list[str] = []  # basenames of the groups taken, in the order decided (rl.order)

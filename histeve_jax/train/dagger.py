@@ -75,8 +75,8 @@ def collect(spec: DaggerSpec, run: str, r: int, out_dir: str) -> dict[str, Any]:
     server = ray.remote(num_cpus=0)(PolicyServer).remote(run, max_batch=spec.instances,
                                                          temperature=spec.temperature, seed=r)
     try:
-        history, stride, _ = ray.get(server.layout.remote())
-        factory = TakeoverFactory(PolicyAgentFactory(server, history, stride), spec.min_switch,
+        layout, _ = ray.get(server.layout.remote())
+        factory = TakeoverFactory(PolicyAgentFactory(server, layout), spec.min_switch,
                                   spec.max_switch, seed=r)
         env_kwargs = {"obs_size": image_size, **dict(spec.env)}
         with Fleet(spec.instances, env_kwargs, run_kwargs={"kind": "eval"}) as fleet, \

@@ -125,7 +125,7 @@ def feature_spec(spec: RunSpec, cfg: PolicyConfig) -> pipeline.FeatureSpec:
     return pipeline.FeatureSpec(kind=d.kind, history=d.history, stride=d.stride, image_size=d.image_size,
                                 max_len=d.max_len, codebook=d.codebook, dual_mouse=cfg.dual_mouse,
                                 tokenizer_path=d.tokenizer_path or None, compact_vocab=compact,
-                                skip_null_actions=d.skip_null_actions)
+                                skip_null_actions=d.skip_null_actions, history_in_regime=d.history_in_regime)
 
 
 def policy_stage(spec: RunSpec, cfg: PolicyConfig | None = None) -> Stage:

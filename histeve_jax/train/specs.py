@@ -106,6 +106,9 @@ class DataSpec:
     # frames passed through it too (eval.policy_agent.LoadedPolicy), so it sees what it was trained on.
     frame_format: str = "jpeg"
     jpeg_quality: int = 95
+    # History frames stay within the current GUI-open or GUI-closed run (``pipeline.FeatureSpec``); the
+    # policy acts with the same windows (``eval.policy_agent.FrameHistory``). Off for runs saved before it.
+    history_in_regime: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
