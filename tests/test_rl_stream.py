@@ -177,3 +177,26 @@ def test_the_smallest_new_name_comes_next_and_a_restore_continues_or_says_why_no
     (d / "group-000001-a-00000.array_record").write_bytes(b"\x00gone" * 50)
     with pytest.raises(RecordError, match="does not read now"):
         _stream(d).set_state(saved)
+
+
+def test_the_learners_windows_are_the_pipelines_within_a_regime_too(tmp_path):
+    """``data.history_in_regime``: an RL row's window (``stream._window``) equals the training pipeline's
+    window of the same record, across an inventory opening and closing, with and without the switch."""
+    from histeve_jax.data import records as R
+    from histeve_jax.rl.stream import _window
+
+    gui = [False] * 4 + [True] * 5 + [False] * 3
+    frames = [encode_frame(np.full((8, 8, 3), 10 * t, np.uint8), "png") for t in range(len(gui))]
+    episode = [R.StepRecord(episode_id="e", step=t, task_id="craft_planks", kind="demo", instruction="craft",
+                            frame=frames[t], frame_format="png", action={"attack": 0, "camera": [0.0, 0.0]},
+                            is_gui_open=g) for t, g in enumerate(gui)]
+    R.write_episodes(tmp_path, [episode])
+    for in_regime in (False, True):
+        shards = pipeline.open_shards(str(tmp_path))
+        src = pipeline.WindowSource(shards, history=2, stride=2, in_regime=in_regime)
+        for t in range(len(episode)):
+            assert _window(episode, t, 2, 2, in_regime)["frames"] == src[t]["frames"], (in_regime, t)
+    assert _window(episode, 4, 2, 2, True)["frames"] == [frames[4]] * 3  # just opened: no world view
+    assert _window(episode, 6, 2, 2, True)["frames"] == [frames[4], frames[4], frames[6]]
+    assert _window(episode, 6, 2, 2, False)["frames"] == [frames[2], frames[4], frames[6]]
+    assert _window(episode, 10, 2, 2, True)["frames"] == [frames[9], frames[9], frames[10]]  # closed at 9

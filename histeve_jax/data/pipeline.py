@@ -305,7 +305,7 @@ class FeatureSpec:
     skip_null_actions: bool = False
     # History frames stay within the current GUI-open (or closed) run, as an episode's first step repeats
     # itself: a world view says nothing of where the pointer is, nor a GUI frame of the world (README
-    # "The craft after the chop": the view before the inventory opened steered a policy's first GUI move).
+    # "The first move in the GUI": the view before the inventory opened steered a policy's first GUI move).
     history_in_regime: bool = False
 
     def __post_init__(self):

@@ -21,8 +21,8 @@ MAX_TURN = 10.0  # degrees per step
 # A slot is about 22 px inside (24-26 px apart): a click within 8 px of its centre lands in it, and the
 # experts stop there. At 5 px, 18% of their clicks came after a last nudge of 4 px (0.6 degrees), about 1 px
 # in a policy's 112x196 frame: a frame where the pointer "just arrived" then looks like one where it has
-# not moved since a click, and a policy that learnt to click on the first clicked on in the second (GUI
-# click loops, README "The craft after the chop"). From 8 px the last move is 11 px or more.
+# not moved since a click, and a policy that learnt to click on the first clicked on in the second (README
+# "The first move in the GUI"). From 8 px the last move is 11 px or more.
 CURSOR_TOL = 8.0
 AIM_TOL = 1.5  # degrees
 # The subtask of the steps an expert takes off its path on purpose (``Expert.perturb``): played in the game
