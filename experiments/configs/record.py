@@ -31,8 +31,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The chance, at each of the mining expert's aims at a side face (a log, stone), that it first looks off
     # the target and attacks there, and once in its dig that the view is thrown off (Expert.aim_off, jolt):
     # those steps are recorded with subtask "perturb", which training never imitates, so the expert's steps
-    # after them demonstrate the way back. The same chance per craft that, as the inventory opens, it first
-    # clicks on nothing (Expert.click_astray), the pointer still, then moves on.
+    # after them demonstrate the way back. The same chance per craft, as the inventory opens and before each
+    # pick and the output (its hand empty), that it first clicks where nothing happens (Expert.click_astray),
+    # then moves on.
     c.perturb = 0.0
     c.progress_bar = True
     c.instances = 1  # games run in parallel (> 1: on a Ray fleet, eval.fleet)
