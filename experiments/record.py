@@ -11,8 +11,8 @@ action and ``done=True`` (the records are ``eval.rollout``'s, with kind "demo").
 games in parallel (``eval.fleet``, on a local Ray), and are written in the same order as with one game.
 ``--config.perturb=p``: the mining expert looks off its target first at a chance p per aim, and throws its
 view off once in a dig (``Expert.aim_off``, ``jolt``); the crafting expert, as the inventory opens and before
-each pick and the output, clicks where nothing happens first (``Expert.click_astray``); those steps are recorded with subtask "perturb" and never imitated,
-so what follows them demonstrates the way back.
+each pick and the output, clicks where nothing happens first (``Expert.click_astray``); those steps are
+recorded with subtask "perturb" and never imitated, so what follows them demonstrates the way back.
 """
 
 from __future__ import annotations
