@@ -8,8 +8,8 @@
 Stages (each skipped when ``--config.reuse`` names a workdir where it finished, or given as a run):
 1. the policy: ``experiments.imitation --config=...:pickaxe`` (record, train, evaluate) under ``policy/``;
 2. the detector: ``experiments.detector`` beside that policy (expert episodes of the long-horizon tasks'
-   subtasks recorded past success, and the policy's own evaluation rollouts), with its loop threshold,
-   under ``detector/``;
+   subtasks recorded past success, and the policy's own rollouts of them on training seeds, played on past
+   success), with its loop threshold, under ``detector/``;
 3. the long-horizon suite (``harness.suite``) with injected failures, four rows: (1) ``agent``: planner +
    harness + policy, invocations ended by the detector; (2) ``privileged``: the same, ended by the
    privileged check; (3) ``goal_only``: the policy given only the final goal; (4) ``expert``: the scripted
@@ -94,6 +94,14 @@ def detector_config(c: Any, policy: str) -> Any:
     d.detector.record_episodes = c.detector_record_episodes
     d.detector.monitor_every = c.play.detector_every
     d.detector.max_len = c.detector_max_len
+    d.detector.per_unit = c.detector_per_unit
+    if c.detector_rollout_episodes or c.detector_rollout_task_episodes:
+        # drawn as the loop draws them; they replace the held-out evaluation's episodes
+        d.detector.rollout_episodes = c.detector_rollout_episodes
+        d.detector.rollout_task_episodes = c.detector_rollout_task_episodes
+        d.detector.rollout_temperature = c.play.temperature
+        d.detector.rollout_top_p = c.play.top_p
+        d.detector.eval_records = ""
     return d
 
 

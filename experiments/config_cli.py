@@ -34,3 +34,17 @@ def define_config_and_workdir(config_name: str, help_text: str) -> None:
 
     define_config(os.path.join(os.path.dirname(__file__), "configs", f"{config_name}.py"), help_text)
     flags.DEFINE_string("workdir", None, "Run directory (default: config.workdir).")
+
+
+def task_counts(tasks: tuple[str, ...], default: int, exceptions: str, flag: str) -> dict[str, int]:
+    """Episodes per task: ``default``, except where ``exceptions`` ("task=n,...") says; a bad item is a
+    ValueError naming ``flag``."""
+    counts = {t: int(default) for t in tasks}
+    for item in filter(None, (p.strip() for p in str(exceptions or "").split(","))):
+        name, eq, n = item.partition("=")
+        if not eq or not n.strip().isdigit():
+            raise ValueError(f"{flag}: {item!r} is not task=episodes")
+        if name.strip() not in counts:
+            raise ValueError(f"{flag}: {name.strip()!r} is not one of the recorded tasks {tuple(tasks)}")
+        counts[name.strip()] = int(n)
+    return counts

@@ -4,11 +4,13 @@
     python -m experiments.detector --config.detector.records=/tmp/det_rec/records --workdir=/tmp/det
     python -m experiments.detector --config=experiments/configs/detector.py:qwen3b --plan
 
-The run: expert records (given, or recorded from Luanti) and the policy's closed-loop evaluation episodes
-are split by episode into train / validation / test; a Hugging Face Qwen2.5-VL directory (tiny: a random
-3B-style one written here) is FFN-pruned into the detector; the shared train loop trains it beside the
-frozen policy; the threshold is calibrated on validation (best F1) and the test split is scored.
-Writes ``detector_report.json``; the library is ``histeve_jax.detector``.
+The run: expert records (given, or recorded from Luanti), the policy's closed-loop evaluation episodes
+and (``detector.rollout_episodes``) its own rollouts played on past success are split by episode into
+train / validation / test; a Hugging Face Qwen2.5-VL directory (tiny: a random 3B-style one written here)
+is FFN-pruned into the detector; the shared train loop trains it beside the frozen policy; the threshold
+is calibrated on validation (best F1), the loop's threshold on the validation episodes' replays
+(``detector.loop_rule``), and the test split is scored. Writes ``detector_report.json``; the library is
+``histeve_jax.detector``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -84,6 +87,40 @@ def source_records(cfg: Any, workdir: str) -> list[str]:
     evald = os.path.join(d.policy, "eval", "records", "policy") if d.eval_records == "auto" and d.policy \
         else d.eval_records if d.eval_records != "auto" else ""
     dirs += [x for x in dir_list(evald) if os.path.isdir(x)]
+    return dirs + policy_rollouts(cfg, workdir)
+
+
+def policy_rollouts(cfg: Any, workdir: str) -> list[str]:
+    """The policy's own rollouts of ``record_tasks`` (``rollout_episodes`` each, except where
+    ``rollout_task_episodes`` says): ``experiments.evaluate`` on the rollout seeds, played on
+    ``rollout_after_success`` steps past success, one evaluation per episode count under
+    ``workdir/rollouts/<n>_per_task``; their records' directories (none when every count is 0). Made once:
+    a finished evaluation (its ``summary.json``) is reused."""
+    from experiments.config_cli import task_counts
+
+    d = cfg.detector
+    counts = task_counts(tuple(d.record_tasks), d.rollout_episodes, d.rollout_task_episodes,
+                         "detector.rollout_task_episodes")
+    groups: dict[int, list[str]] = {}
+    for task, n in counts.items():
+        if n:
+            groups.setdefault(n, []).append(task)
+    if groups and not d.policy:
+        raise ValueError("detector.rollout_episodes needs detector.policy (the run whose rollouts they are)")
+    dirs = []
+    for n, tasks in sorted(groups.items()):
+        out = os.path.join(workdir, "rollouts", f"{n}_per_task")
+        if not os.path.exists(os.path.join(out, "summary.json")):
+            shutil.rmtree(out, ignore_errors=True)  # cut off part way: its episodes would be written twice
+            cmd = [sys.executable, "-m", "experiments.evaluate", f"--config={_CONFIGS}/evaluate.py:tiny",
+                   f"--config.policy={d.policy}", f"--config.tasks={tuple(tasks)!r}",
+                   "--config.agents=('policy',)", f"--config.episodes={n}",
+                   f"--config.seed={d.rollout_seed}", f"--config.max_steps={d.rollout_max_steps}",
+                   f"--config.after_success={d.rollout_after_success}",
+                   f"--config.temperature={d.rollout_temperature}", f"--config.top_p={d.rollout_top_p}",
+                   "--config.reports=0", f"--config.out_dir={out}", "--config.progress_bar=False"]
+            subprocess.run(cmd, check=True, cwd=_REPO, timeout=3600)
+        dirs.append(os.path.join(out, "records", "policy"))
     return dirs
 
 
@@ -170,14 +207,16 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
               "test_phases": binary_metrics(*scores["test_phases"], threshold), "queries": counts,
               "parameters": parameter_count(det_config), "pruned_dir": pruned_dir, "run_dir": run_dir,
               "final_loss": history[max(history)].get("loss") if history else None}  # None: resumed done
-    # The loop's own threshold: the lowest whose stop rule (two consecutive queries at or over it, a query
-    # every monitor_every steps) ends at most max_early of the validation episodes' replays early (an
-    # early stop hands an unfinished subtask on, a late one only spends budget): what the harness uses.
-    from histeve_jax.detector.monitor import loop_threshold
+    # The loop's own threshold, from the validation episodes' replays under the stop rule (two consecutive
+    # queries at or over it, a query every monitor_every steps), by detector.loop_rule: the lowest that
+    # ends at most max_early of them early, or the one that ends the fewest early or missed
+    # (monitor.loop_threshold): what the harness uses. How the replays end at it is reported.
+    from histeve_jax.detector.monitor import loop_stops, loop_threshold
 
-    report["loop_threshold"] = loop_threshold(loop_curves(cfg, report, splits[1], module), d.consecutive,
-                                              d.max_early)
-    report["max_early"] = d.max_early
+    curves = loop_curves(cfg, report, splits[1], module)
+    report["loop_threshold"] = loop_threshold(curves, d.consecutive, d.max_early, d.loop_rule, d.early_cost)
+    report.update(max_early=d.max_early, loop_rule=d.loop_rule, early_cost=d.early_cost)
+    report["loop_validation"] = loop_summary(loop_stops(curves, report["loop_threshold"], d.consecutive))
     path = os.path.join(run_dir, "detector_report.json")
     with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=2)
@@ -187,6 +226,13 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     with open(os.path.join(run_dir, prune.CONFIG_FILE), "w") as f:
         json.dump(prune.config_to_dict(det_config), f, indent=2, default=str)
     return report
+
+
+def loop_summary(stops: dict) -> dict:
+    """``monitor.loop_stops``' counts with the stops on time and their mean delay in place of the delays."""
+    delays = stops["delays"]
+    return {"episodes": stops["episodes"], "early": stops["early"], "missed": stops["missed"],
+            "on_time": len(delays), "mean_delay": sum(delays) / len(delays) if delays else None}
 
 
 def loop_curves(cfg: Any, report: dict, split_dir: str,

@@ -25,7 +25,7 @@ import numpy as np
 from absl import app, flags, logging
 from tqdm import tqdm
 
-from experiments.config_cli import define_config
+from experiments.config_cli import define_config, task_counts
 from histeve_jax.data.records import ShardWriter, StepRecord
 from histeve_jax.envs import load_task, make
 from histeve_jax.envs.experts import expert_for
@@ -87,16 +87,7 @@ def _results(cfg, specs):
 
 def episodes_by_task(cfg) -> dict[str, int]:
     """Episodes per task of cfg.tasks: cfg.episodes, except where cfg.task_episodes ("task=n,...") says."""
-    counts = {t: int(cfg.episodes) for t in cfg.tasks}
-    for item in filter(None, (p.strip() for p in str(cfg.get("task_episodes", "")).split(","))):
-        name, eq, n = item.partition("=")
-        if not eq or not n.strip().isdigit():
-            raise ValueError(f"--config.task_episodes: {item!r} is not task=episodes")
-        if name.strip() not in counts:
-            raise ValueError(f"--config.task_episodes: {name.strip()!r} is not one of the recorded tasks "
-                             f"{tuple(cfg.tasks)}")
-        counts[name.strip()] = int(n)
-    return counts
+    return task_counts(cfg.tasks, cfg.episodes, cfg.get("task_episodes", ""), "--config.task_episodes")
 
 
 def run(cfg, workdir: str) -> dict:

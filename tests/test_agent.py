@@ -312,6 +312,25 @@ def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_
             ep = json.loads((episodes / row / "dirt_wall-1000.json").read_text())
             assert ep["sampling"] == {"greedy": False, "temperature": 1.0, "top_p": 0.9}, row
         assert len(server.requests) > requests and expert_episode.stat().st_mtime_ns == written
+        assert json.loads((episodes / "policy" / "dirt_wall-1000.json").read_text())["detector"] == det
+
+        # Another detector run beside the same policy: the detector's row played again, the others read back.
+        _, loaded, _, _ = runs
+        det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
+                                 policy_stride=loaded.stride)
+        det2, _ = detector_run(tmp_path, "det2", loaded.policy, det_config, seed=7, threshold=F1_THRESHOLD,
+                               loop_threshold=LOOP_THRESHOLD)
+        mtimes = {row: (episodes / row / "dirt_wall-1000.json").stat().st_mtime_ns
+                  for row in ("policy", "policy_privileged", "policy_goal_only")}
+        kept = [a for a in args if not a.startswith("--config.detector=")]
+        other = _agent([*kept, f"--config.reuse={work}", "--config.play.top_p=0.9",
+                        f"--config.detector={det2}"])
+        assert other.returncode == 0, other.stderr[-3000:]
+        ep = json.loads((episodes / "policy" / "dirt_wall-1000.json").read_text())
+        assert ep["detector"] == os.path.abspath(det2) and ep["sampling"]["top_p"] == 0.9
+        assert (episodes / "policy" / "dirt_wall-1000.json").stat().st_mtime_ns != mtimes["policy"]
+        for row in ("policy_privileged", "policy_goal_only"):
+            assert (episodes / row / "dirt_wall-1000.json").stat().st_mtime_ns == mtimes[row], row
 
         # A detector run trained beside another policy: one line naming both runs, before any game.
         bad = _agent([*args, f"--config.detector={wrong}", f"--config.workdir={tmp_path / 'bad'}"])

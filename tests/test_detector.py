@@ -244,6 +244,19 @@ def test_loop_stops_and_the_loop_threshold_by_hand():
     assert loop_threshold([c], max_early=0.0) == 0.65  # 0.6 stops it at 3; at 0.65 one query is not two
     d = ([1, 3], [0.9, 0.9], None)
     assert loop_threshold([d], max_early=0.0) > 0.9  # only never firing keeps d whole
+    assert loop_threshold([a, b, c], rule="balanced") == 0.8  # none early, none missed
+    # A trade: f never completes (0.85 twice), g twice completes at 3 (0.8 from 5 on). No early stop means
+    # never firing, g missed twice; "balanced" takes one early (f) for two on time, at the lowest threshold
+    # that costs that: at 0.1, g's two 0.1 queries fire at step 3, as its check holds.
+    f = ([1, 3, 5, 7], [0.85, 0.85, 0.5, 0.5], None)
+    g = ([1, 3, 5, 7], [0.1, 0.1, 0.8, 0.8], 3)
+    assert loop_threshold([f, g, g], max_early=0.0) > 0.85
+    assert loop_stops([f, g, g], 0.86)["missed"] == 2
+    assert loop_threshold([f, g, g], rule="balanced") == 0.1
+    assert loop_stops([f, g, g], 0.1) == {"episodes": 3, "early": 1, "missed": 0, "delays": [0, 0]}
+    assert loop_threshold([f, g, g], rule="balanced", early_cost=3.0) > 0.85  # an early stop dearer
+    with pytest.raises(ValueError, match="rule 'fewest'"):
+        loop_threshold([f], rule="fewest")
 
 
 def test_signal_on_two_consecutive_queries_or_the_budget(coupled):

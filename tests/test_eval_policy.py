@@ -159,6 +159,8 @@ def test_bad_runs_are_one_clear_error(run_dir, tmp_path):
         EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("expert",), top_p=0.0)
     with pytest.raises(ValueError, match="obs_size"):
         EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("expert",), obs_size=(112,))
+    with pytest.raises(ValueError, match="after_success"):
+        EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("expert",), after_success=-1)
 
 
 def test_the_policy_server_batches_concurrent_requests(run_dir):
@@ -220,3 +222,62 @@ def test_the_policy_plays_in_the_game_recorded_beside_the_expert(run_dir, tmp_pa
     on_disk = json.load(open(tmp_path / "eval" / "summary.json"))
     assert on_disk["headline"]["tasks"] == 1 and on_disk["headline"]["expert_mean"] == 1.0
     assert "place_dirt" in format_table(summary)
+
+
+@pytest.mark.game
+def test_after_success_the_evaluated_agent_plays_on_and_every_later_frame_is_complete(tmp_path):
+    """``after_success=4`` reaches each fleet episode: the expert's records go on four steps past the frame
+    where the game's check first holds, all of them labelled complete (the detector's rollout positives)."""
+    spec = EvalSpec(tasks=("place_dirt",), episodes=2, seed=1000, agents=("expert",), instances=1,
+                    after_success=4, out_dir=str(tmp_path / "eval"), reports=0, progress_bar=False)
+    summary = evaluate(spec)
+    assert summary["results"]["expert"]["place_dirt"]["successes"] == 2 and summary["after_success"] == 4
+    episodes: dict[str, list] = {}
+    for p in records_lib.shard_paths(tmp_path / "eval" / "records" / "expert"):
+        for r in records_lib.read_shard(p):
+            episodes.setdefault(r.episode_id, []).append(r)
+    assert len(episodes) == 2
+    for recs in episodes.values():
+        completed = [r.completed for r in recs]
+        first = completed.index(1)
+        assert completed == [0] * first + [1] * 5  # the first complete frame, four steps on
+        assert recs[-1].events["place_block"] == {"default:dirt": 1}
+
+
+@pytest.mark.game
+def test_the_detectors_policy_rollouts_are_the_evaluation_on_their_own_seeds(run_dir, tmp_path):
+    """``experiments.detector.policy_rollouts``: the policy's episodes of the record tasks on the rollout
+    seeds (per task: ``rollout_episodes`` or its exception, 0 none), played by ``experiments.evaluate`` with
+    the rollout fields, written where the detector reads them; a second call reuses the finished sets;
+    without a policy run it is one clear error."""
+    from experiments.configs.detector import get_config
+    from experiments.detector import policy_rollouts, source_records
+
+    cfg = get_config("tiny")
+    d = cfg.detector
+    d.policy, d.record_tasks, d.eval_records = run_dir, ("place_dirt", "mine_dirt", "mine_log"), ""
+    d.rollout_episodes, d.rollout_task_episodes = 1, "place_dirt=2,mine_log=0"
+    d.rollout_seed, d.rollout_max_steps, d.rollout_after_success = 5000, 4, 3
+    d.rollout_temperature, d.rollout_top_p = 0.5, 0.8
+    d.records = str(tmp_path / "expert")  # given expert records: nothing recorded here
+    os.makedirs(d.records)
+    work = str(tmp_path / "det")
+    dirs = source_records(cfg, work)
+    sets = [os.path.join(work, "rollouts", f"{n}_per_task") for n in (1, 2)]
+    assert dirs == [d.records] + [os.path.join(s, "records", "policy") for s in sets]
+    episodes = {r.episode_id.rsplit("-", 1)[0] for x in dirs[1:] for p in records_lib.shard_paths(x)
+                for r in records_lib.read_shard(p) if r.kind == "eval"}
+    assert episodes == {"mine_dirt-5000", "place_dirt-5000", "place_dirt-5001"}
+    summaries = [json.load(open(os.path.join(s, "summary.json"))) for s in sets]
+    assert [s["tasks"] for s in summaries] == [["mine_dirt"], ["place_dirt"]]
+    assert summaries[1]["seeds"] == [5000, 5001] and summaries[1]["after_success"] == 3
+    assert summaries[1]["sampling"] == {"greedy": False, "temperature": 0.5, "top_p": 0.8}
+    written = [os.path.getmtime(os.path.join(s, "summary.json")) for s in sets]
+    assert policy_rollouts(cfg, work) == dirs[1:]
+    assert [os.path.getmtime(os.path.join(s, "summary.json")) for s in sets] == written
+    d.rollout_task_episodes = "place_dirt:2"
+    with pytest.raises(ValueError, match="detector.rollout_task_episodes: 'place_dirt:2' is not task="):
+        policy_rollouts(cfg, work)
+    d.rollout_task_episodes, d.policy = "", ""
+    with pytest.raises(ValueError, match="rollout_episodes needs detector.policy"):
+        policy_rollouts(cfg, str(tmp_path / "other"))

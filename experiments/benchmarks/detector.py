@@ -13,8 +13,9 @@ and $OPENAI_API_KEY), and skipped, saying so, when none is. Then the detector re
 episode in the loop (``detector.monitor``: a query every k steps, two consecutive over threshold) and
 counts invocations that end before the privileged check holds (in a failed episode: any stop), at the F1
 threshold and at the loop's own threshold, calibrated on the validation episodes' replays (the lowest
-that ends at most ``detector.max_early`` of them early: an early stop hands an unfinished subtask on,
-a late one only spends budget; written to the run's ``detector_report.json`` as ``loop_threshold``). Prints
+that ends at most ``detector.max_early`` of them early, or with ``detector.loop_rule="balanced"`` the
+one that ends the fewest early or missed; written to the run's ``detector_report.json`` as
+``loop_threshold``). Prints
 the 3B detector's parameter count by abstract evaluation. Last line: ``accuracy=<a> f1=<f> fpr=<p>
 fnr=<n> f1_no_xattn=<g>``.
 """
@@ -110,8 +111,11 @@ def main(argv: list[str]) -> None:
           f"{consecutive} consecutive over threshold; goal: <= 5% end early):")
     print(_loop_line("at the F1 threshold", full["threshold"], loop_stops(test_curves, full["threshold"],
                                                                           consecutive)))
-    print(_loop_line(f"at the loop threshold (validation: lowest with <= {cfg.detector.max_early:.0%} early)",
-                     at_loop, loop_stops(test_curves, at_loop, consecutive)))
+    rule = full.get("loop_rule", "max_early")
+    how = (f"lowest with <= {full['max_early']:.0%} early" if rule == "max_early"
+           else f"fewest {full['early_cost']:g} x early + missed")
+    print(_loop_line(f"at the loop threshold (validation: {how})", at_loop,
+                     loop_stops(test_curves, at_loop, consecutive)))
     m = full["test"]
     print(f"accuracy={m['accuracy']:.3f} f1={m['f1']:.3f} fpr={m['fpr']:.3f} fnr={m['fnr']:.3f} "
           f"f1_no_xattn={ablation['test']['f1']:.3f}")

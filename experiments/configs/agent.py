@@ -32,7 +32,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.detector = ""  # a detector run beside that policy ("": made under workdir/detector)
     c.detector_record_tasks = SUBTASKS
     c.detector_record_episodes = 6  # expert episodes per subtask (beside the policy's evaluation rollouts)
-    c.detector_steps = 1000  # 300: test F1 0.77 and invocations ended at their second query in the loop
+    # The policy's own rollouts of those subtasks per task (training seeds, played on past success), in place
+    # of its held-out evaluation episodes: what it does once a subtask is done is what the loop must stop on.
+    c.detector_rollout_episodes = 16
+    c.detector_rollout_task_episodes = "mine_log=48"  # the subtask whose completion it missed most
+    c.detector_per_unit = 8  # queries per unit and class (3: the detector barely learnt in 1000 steps)
+    c.detector_steps = 3000  # 300: test F1 0.77 and invocations ended at their second query in the loop
     c.detector_max_len = 192  # 4 frames x 28 tokens and the longest subtask's text with its phase (165)
     c.progress_bar = True
 

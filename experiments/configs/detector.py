@@ -43,6 +43,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.policy = ""  # a trained policy run's workdir ("": a random tiny policy)
     # Closed-loop evaluation episodes of the policy: "auto" = <policy>/eval/records/policy when it exists.
     d.eval_records = "auto"
+    # The policy's own rollouts of record_tasks (needs policy): played by experiments.evaluate on training
+    # seeds, on past success with the policy's own actions, so the positives show what the policy does once
+    # a subtask is done (the frames the loop must stop on) and the negatives its own ways of not being done.
+    d.rollout_episodes = 0  # per task (0: none)
+    d.rollout_task_episodes = ""  # per-task exceptions to rollout_episodes: "mine_log=48"
+    d.rollout_seed = 5000  # held out from evaluation (1000+), validation (2000+) and the recorder (0+)
+    d.rollout_after_success = 40
+    d.rollout_max_steps = 240
+    d.rollout_temperature = 1.0
+    d.rollout_top_p = 1.0
     d.hf_source = ""  # a Hugging Face Qwen2.5-VL dir to prune ("" tiny: a random 3B-style one is written)
     d.pruned = ""  # an already pruned detector directory (skips pruning)
     d.ffn_keep = 1 / 3
@@ -62,6 +72,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.monitor_every = 2  # in the loop: query every k steps ...
     d.consecutive = 2  # ... and fire on this many consecutive queries over the threshold
     d.max_early = 0.05  # loop threshold: the lowest whose replayed validation episodes end early at most so
+    # How the loop threshold is picked from those replays (monitor.loop_threshold): "max_early" (above), or
+    # "balanced": the fewest early_cost * early + missed stops (with the policy's own rollouts played on
+    # past success in the data, where both happen).
+    d.loop_rule = "max_early"
+    d.early_cost = 1.0
     c.detector = d
 
     c.vlm = ml_collections.ConfigDict()  # the prompted-VLM baseline (eval.suites.vlm_judge.JudgeSpec)

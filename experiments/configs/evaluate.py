@@ -37,6 +37,7 @@ def eval_fields(variant: str = "tiny") -> ml_collections.ConfigDict:
     # Steps per episode: about 3x the expert's longest (craft_planks, 44), so a failure costs 6 s of game
     # time rather than the task's full budget (200-400 steps).
     c.max_steps = 120
+    c.after_success = 0  # steps played on past success (the detector's rollouts: what the policy does then)
     c.instances = 2
     c.obs_size = ()  # (H, W); (): the policy run's image size (56x56 for the expert and random alone)
     c.out_dir = ""  # "": <policy workdir>/eval

@@ -7,7 +7,8 @@ vision tower, when a query first needs it, then reused by later queries and by b
 the probability. It signals a candidate completion when ``consecutive`` queries in a row are over the
 threshold (``first_signal`` is the rule on a probability sequence), and returns control when the budget
 of steps is spent. ``loop_stops`` counts how replayed episodes would end under the rule at a threshold, and
-``loop_threshold`` picks the loop's threshold from them (the lowest that ends few enough early).
+``loop_threshold`` picks the loop's threshold from them (the lowest that ends few enough early, or the one
+that ends the fewest early or missed).
 ``MonitoredAgent`` wraps any rollout ``Agent`` with a monitor: the step it fires, the
 agent answers a no-op with ``subtask="done"``, which ``eval.rollout.run_episode`` already treats as the
 end of the episode (so the hook works with the rollout as it is). Its ``series["completion_prob"]`` holds
@@ -82,14 +83,31 @@ def loop_stops(curves: Sequence[Curve], threshold: float, consecutive: int = 2) 
     return {"episodes": len(curves), "early": early, "missed": missed, "delays": delays}
 
 
-def loop_threshold(curves: Sequence[Curve], consecutive: int = 2, max_early: float = 0.05) -> float:
-    """The lowest threshold whose stop rule ends at most ``max_early`` of the episodes early (the early
-    count only falls as the threshold rises); above every probability (never firing) when none does."""
+LOOP_RULES = ("max_early", "balanced")
+
+
+def loop_threshold(curves: Sequence[Curve], consecutive: int = 2, max_early: float = 0.05,
+                   rule: str = "max_early", early_cost: float = 1.0) -> float:
+    """The loop's threshold from replayed episodes' curves, by ``rule``:
+
+    * ``max_early``: the lowest threshold whose stop rule ends at most ``max_early`` of the episodes early
+      (the early count only falls as the threshold rises); above every probability (never firing) when
+      none does;
+    * ``balanced``: the lowest threshold minimising ``early_cost * early + missed``: an early stop hands an
+      unfinished subtask on, a missed one runs the invocation to its budget, and on the policy's own
+      rollouts (played on past success) both happen; ``max_early`` never weighs the second.
+    """
+    if rule not in LOOP_RULES:
+        raise ValueError(f"loop threshold rule {rule!r} unknown; choose one of {LOOP_RULES}")
     probs = sorted({p for _, ps, _ in curves for p in ps})
+    never = float(probs[-1] + 1e-6) if probs else 1.0
+    if rule == "balanced":
+        cost = lambda m: early_cost * m["early"] + m["missed"]
+        return float(min(probs + [never], key=lambda t: (cost(loop_stops(curves, t, consecutive)), t)))
     for t in probs:
         if loop_stops(curves, t, consecutive)["early"] <= max_early * len(curves):
             return float(t)
-    return float(probs[-1] + 1e-6) if probs else 1.0
+    return never
 
 
 @dataclasses.dataclass(frozen=True)

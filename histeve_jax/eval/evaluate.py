@@ -59,6 +59,9 @@ class EvalSpec:
     temperature: float = 1.0
     top_p: float = 1.0  # nucleus sampling (1: the whole distribution)
     max_steps: int = 0  # per episode; 0: the task's own budget
+    # Steps each episode plays on after its success check first holds (``rollout.run_episode``): the records
+    # then show what the agent does once done (the completion detector's positives); mean steps count them.
+    after_success: int = 0
     instances: int = 1  # games in parallel
     # (H, W) of the frames the agents see and the records keep; (): the policy run's image size (the frames it
     # was trained on; 56x56 without a policy)
@@ -76,6 +79,8 @@ class EvalSpec:
             raise ValueError(f"eval agents {unknown} unknown; choose from {AGENTS}")
         if "policy" in self.agents and not self.policy:
             raise ValueError("eval: the 'policy' agent needs policy=<a run's workdir>")
+        if self.after_success < 0:
+            raise ValueError(f"eval: after_success ({self.after_success}) must be >= 0")
         if self.episodes < 1 or self.instances < 1:
             raise ValueError(f"eval: episodes ({self.episodes}) and instances ({self.instances}) must be "
                              ">= 1")
@@ -181,7 +186,7 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
                                "policy": spec.policy, "out_dir": spec.out_dir, "reports": [],
                                "sampling": sampling_settings(spec.greedy, spec.temperature, spec.top_p,
                                                              "eval"),
-                               "obs_size": list(env_kwargs["obs_size"])}
+                               "obs_size": list(env_kwargs["obs_size"]), "after_success": spec.after_success}
     specs = [EpisodeSpec(t, spec.seed + i, spec.max_steps or None) for t in spec.tasks
              for i in range(spec.episodes)]
     bar = tqdm(total=len(specs) * len(spec.agents), desc="evaluate", unit="ep", disable=not spec.progress_bar,
@@ -189,7 +194,7 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
     server = None
     try:
         with Fleet(spec.instances, env_kwargs, address=spec.ray_address or None,
-                   run_kwargs={"kind": "eval"}) as fleet:
+                   run_kwargs={"kind": "eval", "after_success": spec.after_success}) as fleet:
             for agent in spec.agents:
                 if agent == "policy":
                     from histeve_jax.eval.policy_agent import PolicyAgentFactory, PolicyServer

@@ -13,7 +13,8 @@ seconds and tokens). An episode whose game failed is retried once on the same se
 procedural memory it wrote discarded. The policy's invocations end by the trained detector when
 ``detector`` names a run (``harness.completion``), by the privileged check otherwise, or both as two rows
 (``completion``); ``resume`` reads back the episodes an earlier run of the same ``out_dir`` played (one
-whose game failed twice, or a policy row's episode played at another sampling, is played again).
+whose game failed twice, a policy row's episode played at another sampling, or the detector row's with
+another detector run, is played again).
 """
 
 from __future__ import annotations
@@ -139,9 +140,19 @@ def sampling_of(spec: SuiteSpec, label: str) -> dict[str, Any] | None:
     return None
 
 
-def _finished(path: str, sampling: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def detector_of(spec: SuiteSpec, label: str) -> str | None:
+    """The detector run that ends a row's invocations (its absolute path): the "policy" row's when the
+    detector ends them, None for the other rows."""
+    if label == "policy" and policy_completion(spec) in ("detector", "both"):
+        return os.path.abspath(spec.detector)
+    return None
+
+
+def _finished(path: str, sampling: dict[str, Any] | None = None,
+              detector: str | None = None) -> dict[str, Any] | None:
     """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short) with
-    the same sampling (an episode written before the sampling was recorded was played at the default)."""
+    the same sampling (an episode written before the sampling was recorded was played at the default) and,
+    for a row the detector ends, the same detector run (one written before it was recorded: played again)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -149,6 +160,8 @@ def _finished(path: str, sampling: dict[str, Any] | None = None) -> dict[str, An
     if row.get("interrupted"):
         return None
     if sampling is not None and row.get("sampling", DEFAULT_SAMPLING) != sampling:
+        return None
+    if detector is not None and row.get("detector") != detector:
         return None
     return row
 
@@ -212,8 +225,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                     for label, agent in runs:
                         d = os.path.join(spec.out_dir, "episodes", label)
                         path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
-                        sampling = sampling_of(spec, label)
-                        row = _finished(path, sampling) if spec.resume else None
+                        sampling, det_run = sampling_of(spec, label), detector_of(spec, label)
+                        row = _finished(path, sampling, det_run) if spec.resume else None
                         if row is not None:  # played to the end by an earlier run: read back
                             rows.append(_summary_row(row, label, task_name, spec.seed + i))
                             if on_episode is not None:
@@ -224,6 +237,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                         row["executor"] = label
                         if sampling is not None:
                             row["sampling"] = sampling
+                        if det_run is not None:
+                            row["detector"] = det_run
                         os.makedirs(d, exist_ok=True)
                         with open(path + ".tmp", "w") as f:
                             json.dump(row, f, indent=1, default=str)
