@@ -95,6 +95,9 @@ def detector_config(c: Any, policy: str) -> Any:
     d.detector.monitor_every = c.play.detector_every
     d.detector.max_len = c.detector_max_len
     d.detector.per_unit = c.detector_per_unit
+    d.detector.anchor, d.detector.resume_units = bool(c.detector_anchor), bool(c.detector_resume_units)
+    d.detector.loop_resume_units = bool(c.detector_loop_resume_units)
+    d.detector.per_task_thresholds = bool(c.detector_per_task_thresholds)
     if c.detector_rollout_episodes or c.detector_rollout_task_episodes:
         # drawn as the loop draws them; they replace the held-out evaluation's episodes
         d.detector.rollout_episodes = c.detector_rollout_episodes

@@ -52,7 +52,7 @@ def template_of(cfg: Any, policy_config: Any, cross_attention_every: int | None 
     d = cfg.detector
     kw = dict(cross_attention_every=d.cross_attention_every if cross_attention_every is None
               else cross_attention_every, history_frames=d.history_frames, stride=d.stride,
-              max_len=d.max_len, policy_max_len=d.policy_max_len)
+              anchor=bool(d.anchor), max_len=d.max_len, policy_max_len=d.policy_max_len)
     if cfg.variant == "qwen3b":
         return qwen3b_config(d.ffn_keep, d.multiple_of, **kw)
     pc = policy_config.model_config
@@ -181,7 +181,8 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     pruned_dir, det_config = pruned_detector(cfg, template, workdir)
     run_dir = os.path.join(workdir, f"run_x{det_config.cross_attention_every}")
     spec = run_spec(cfg, run_dir, train_dirs=(splits[0],), eval_dirs=(splits[1],))
-    options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed, d.start_jitter)
+    options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed, d.start_jitter,
+                           bool(d.resume_units))
     scored = eval_options(cfg, spec.data.seed)  # validation and test: the task units, from the first step
     stage = detector_stage(spec, det_config, policy_config, load_policy=load_policy, detector_dir=pruned_dir,
                            queries=options)
@@ -211,12 +212,18 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     # queries at or over it, a query every monitor_every steps), by detector.loop_rule: the lowest that
     # ends at most max_early of them early, or the one that ends the fewest early or missed
     # (monitor.loop_threshold): what the harness uses. How the replays end at it is reported.
-    from histeve_jax.detector.monitor import loop_stops, loop_threshold
+    # With detector.per_task_thresholds, also one per task by the same rule from its own replays
+    # (loop_thresholds), and how the replays end at those.
+    from histeve_jax.detector.monitor import loop_stops, loop_threshold, loop_thresholds, stops_at
 
-    curves = loop_curves(cfg, report, splits[1], module)
+    curves, tasks = loop_curves(cfg, report, splits[1], module, with_tasks=True)
     report["loop_threshold"] = loop_threshold(curves, d.consecutive, d.max_early, d.loop_rule, d.early_cost)
     report.update(max_early=d.max_early, loop_rule=d.loop_rule, early_cost=d.early_cost)
     report["loop_validation"] = loop_summary(loop_stops(curves, report["loop_threshold"], d.consecutive))
+    if d.per_task_thresholds:
+        by_task = loop_thresholds(curves, tasks, d.consecutive, d.max_early, d.loop_rule, d.early_cost)
+        report["loop_thresholds"] = by_task
+        report["loop_validation_per_task"] = loop_summary(stops_at(curves, tasks, by_task, d.consecutive))
     path = os.path.join(run_dir, "detector_report.json")
     with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=2)
@@ -235,13 +242,16 @@ def loop_summary(stops: dict) -> dict:
             "on_time": len(delays), "mean_delay": sum(delays) / len(delays) if delays else None}
 
 
-def loop_curves(cfg: Any, report: dict, split_dir: str,
-                module: Any = None) -> list[tuple[list[int], list[float], int | None]]:
+def loop_curves(cfg: Any, report: dict, split_dir: str, module: Any = None,
+                with_tasks: bool = False) -> Any:
     """Each episode of ``split_dir`` replayed frame by frame through ``CompletionMonitor`` on its task (a
     query every ``monitor_every`` steps, never stopping): (query steps, probabilities, the first step whose
-    privileged check holds, None when it never does). ``module``: the trained detector (else the report's
-    run is restored)."""
+    privileged check holds, None when it never does); with ``detector.loop_resume_units``, also replayed from
+    each of its resume units' first steps (``detector.data.resume_units``; the steps counted from there,
+    done where its product's count next rises). ``module``: the trained detector (else the report's run is
+    restored). ``with_tasks``: (the curves, each one's task id)."""
     from histeve_jax.data import records as R
+    from histeve_jax.detector import data as data_lib
     from histeve_jax.detector.inputs import QueryInputs
     from histeve_jax.detector.monitor import CompletionMonitor, MonitorOptions
     from histeve_jax.detector.predict import load_trained
@@ -260,16 +270,23 @@ def loop_curves(cfg: Any, report: dict, split_dir: str,
     for path in R.shard_paths(split_dir):
         for r in R.read_shard(path):
             episodes.setdefault(r.episode_id, []).append(r)
-    out = []
+    out, tasks = [], []
     for eid in sorted(episodes):
         recs = episodes[eid]
-        monitor.reset(recs[0].instruction, int(recs[0].is_gui_open))
-        for r in recs:
-            # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
-            monitor.observe(R.decode_frame(r.frame), {"is_gui_open": r.is_gui_open})
         done = [r.step for r in recs if r.completed == 1]
-        out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], done[0] if done else None))
-    return out
+        starts = [(0, done[0] if done else None)]
+        if d.loop_resume_units:
+            units = data_lib.resume_units([data_lib.step_of(r, i) for i, r in enumerate(recs)])
+            starts += [(u.start, u.positives[0] - u.start if u.positives else None) for u in units]
+        frames = [R.decode_frame(r.frame) for r in recs]
+        for a, first_done in starts:
+            monitor.reset(recs[a].instruction, int(recs[a].is_gui_open))
+            for r, frame in zip(recs[a:], frames[a:], strict=True):
+                # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
+                monitor.observe(frame, {"is_gui_open": r.is_gui_open})
+            out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], first_done))
+            tasks.append(recs[0].task_id)
+    return (out, tasks) if with_tasks else out
 
 
 def plan(cfg: Any) -> dict:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments.configs import imitation
@@ -65,6 +66,29 @@ def env(runs):
     e = FailureInjector(make("luanti", obs_size=tuple(runs[1].config.image_size)), [])
     yield e
     e.close()
+
+
+def test_a_subtask_with_its_own_loop_threshold_is_held_to_it(runs, tmp_path):
+    """A run calibrated per task (``loop_thresholds``): a subtask of such a task is held to its own, any
+    other to the run's ``loop_threshold``; setting ``threshold`` sets the run's."""
+    policy, loaded, _, _ = runs
+    det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
+                             policy_stride=loaded.stride)
+    det, _ = detector_run(tmp_path, "per_task", loaded.policy, det_config, seed=5, threshold=F1_THRESHOLD,
+                          loop_threshold=0.4, loop_thresholds={"mine_log": 0.7})
+    completion = load_detector_completion(det, loaded, policy, every=2)
+    schemas = load_schemas()
+    obs = {"image": np.zeros((*loaded.config.image_size, 3), np.uint8)}
+    info = {"inventory": {"default:tree": 1}, "is_gui_open": False}
+    seen = []
+    for name in ("mine_log", "craft_planks", "mine_log"):
+        completion.reset(schemas[name].instantiate({}), obs, info)
+        seen.append(completion.threshold)
+    assert seen == [0.7, 0.4, 0.7]
+    completion.threshold = 0.2
+    assert completion.threshold == 0.7  # mine_log still runs, held to its own
+    completion.reset(schemas["craft_planks"].instantiate({}), obs, info)
+    assert completion.threshold == 0.2
 
 
 @pytest.mark.game

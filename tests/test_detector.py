@@ -11,12 +11,13 @@ import pytest
 import torch
 from conftest import qwen_tiny_hf
 from flax import nnx
+from run_helpers import filled
 
 from experiments.configs import detector as detector_configs
 from histeve_jax.data import records as R
 from histeve_jax.detector import data as data_lib
 from histeve_jax.detector import prune
-from histeve_jax.detector.config import qwen3b_config, tiny_base, tiny_config
+from histeve_jax.detector.config import ANCHOR_OFFSET, qwen3b_config, tiny_base, tiny_config
 from histeve_jax.detector.coupled import CoupledDetector, Frozen, frame_slots
 from histeve_jax.detector.inputs import QueryInputs
 from histeve_jax.detector.loss import binary_metrics, calibrate_threshold
@@ -27,6 +28,8 @@ from histeve_jax.detector.monitor import (
     first_signal,
     loop_stops,
     loop_threshold,
+    loop_thresholds,
+    stops_at,
 )
 from histeve_jax.detector.predict import load_trained
 from histeve_jax.detector.stage import detector_stage
@@ -186,6 +189,85 @@ def test_start_jitter_clamps_each_query_at_its_own_invocation_start():
     assert later >= len(jittered) // 3  # most invocations begin after the episode's first step
 
 
+def _held(eid, i, dirt):
+    """A step of a rollout played on past success: ``dirt`` in the inventory (a tree too, never the
+    product), the check holding from the first dirt on."""
+    inventory = ((("default:dirt", dirt),) if dirt else ()) + (("default:tree", 1),)
+    return dataclasses.replace(_step(eid, i, completed=int(dirt >= 1)), inventory=inventory)
+
+
+def test_resume_units_begin_at_each_rise_of_the_product_and_their_frames_clamp_there():
+    dirt = [0, 0, 1, 1, 1, 2, 2, 3]
+    steps = [_held("e", i, d) for i, d in enumerate(dirt)]
+    assert data_lib.products(steps) == ("default:dirt",)
+    units = data_lib.episode_units(steps, post_window=2, subtasks=False, resume=True)
+    assert [(u.start, u.negatives, u.positives) for u in units] == [
+        (0, (0, 1), tuple(range(2, 8))),  # the task from the episode's start
+        (2, (2, 3, 4), (5, 6)), (5, (5, 6), (7,)),  # begun with 1 and with 2 held: done at the next rise
+        (7, (7,), ())]  # begun with 3 held, never done again: negatives only
+    plain = [_step("f", i, completed=int(i >= 2)) for i in range(8)]  # no inventory in the records
+    assert data_lib.episode_units(plain, resume=True) == data_lib.episode_units(plain)
+    # Every negative is kept (8 against 9 positives); a resume unit's frames clamp at its own start,
+    # the anchor slot (ANCHOR_OFFSET back) included.
+    qs = data_lib.sample_queries({"e": steps}, (ANCHOR_OFFSET, 4, 0), per_unit=8, post_window=2,
+                                 subtasks=False, resume=True)
+    neg = sorted((q.step, q.frames) for q in qs if q.label == 0)
+    assert neg == [(0, (100, 100, 100)), (1, (100, 100, 101)), (2, (102, 102, 102)), (3, (102, 102, 103)),
+                   (4, (102, 102, 104)), (5, (105, 105, 105)), (6, (105, 105, 106)), (7, (107, 107, 107))]
+
+
+def test_the_anchor_slot_reads_the_invocations_first_frame_after_the_history_has_moved_on(pruned):
+    config = pruned[0].config.replace(anchor=True)
+    assert config.frame_offsets() == (ANCHOR_OFFSET, 12, 8, 4, 0) and config.num_frames == 5
+    detector = filled(lambda: Detector(config, rngs=nnx.Rngs(0)), 5)
+    coupled = CoupledDetector(Policy(POLICY, rngs=nnx.Rngs(0)), detector)
+    inputs = QueryInputs(config, POLICY)
+    frames = [np.full((56, 56, 3), 10 * i, np.uint8) for i in range(20)]
+    monitor = CompletionMonitor(coupled, inputs, MonitorOptions(threshold=2.0, every=20))
+    monitor.reset("dig the ground")
+    for f in frames:
+        monitor.observe(f)
+    (step, p), = monitor.curve
+    assert step == 19 and len(monitor._frames) == 13  # frame 0 has left the rolling history
+
+    def batch_p(anchor):
+        rows = [frames[anchor]] + [frames[19 - o] for o in (12, 8, 4, 0)]
+        chosen = [rows[[ANCHOR_OFFSET, 12, 8, 4, 0].index(o)] for o in inputs.slots[0]]
+        batch = {k: jnp.asarray(v)[None] for k, v in inputs(chosen, "dig the ground", 0).items()}
+        return float(jax.nn.softmax(coupled.logits(batch), -1)[0, 1])
+
+    assert p == pytest.approx(batch_p(0), abs=1e-5)
+    assert abs(batch_p(0) - batch_p(7)) > 1e-4  # the slot matters: the oldest frame still held differs
+
+
+def test_the_loop_replays_begin_again_at_each_resume_unit(coupled, pruned, tmp_path):
+    from experiments import detector as detector_exp
+
+    dirt = [0, 0, 1, 1, 1, 2, 2, 2, 3]
+    R.write_episodes(tmp_path / "val", [[R.StepRecord(
+        episode_id="e", step=i, task_id="mine_dirt", kind="eval", instruction="dig the ground",
+        frame=R.encode_frame(np.full((56, 56, 3), 25 * i, np.uint8)), action={"camera": [0.0, 0.0]},
+        is_gui_open=False, completed=int(d >= 1), metadata={"inventory": {"default:dirt": d} if d else {}})
+        for i, d in enumerate(dirt)]])
+    cfg = detector_configs.get_config("tiny")
+    cfg.train.data.image_size, cfg.detector.monitor_every = (56, 56), 2
+    report = {"pruned_dir": pruned[2], "run_dir": str(tmp_path / "run")}
+    curves = lambda: detector_exp.loop_curves(cfg, report, str(tmp_path / "val"), coupled)
+    assert [(steps, done) for steps, _, done in curves()] == [([1, 3, 5, 7], 2)]
+    cfg.detector.loop_resume_units = True
+    got = curves()
+    # from 0 (done at 2), from the rises at 2 and 5 (done 3 steps on), from 8 (never done again)
+    assert [(steps, done) for steps, _, done in got] == [([1, 3, 5, 7], 2), ([1, 3, 5], 3), ([1, 3], 3),
+                                                        ([], None)]
+    monitor = CompletionMonitor(coupled, QueryInputs(coupled.config, POLICY),
+                                MonitorOptions(threshold=2.0, every=2))
+    monitor.reset("dig the ground")
+    for i in range(5, 9):
+        monitor.observe(R.decode_frame(R.encode_frame(np.full((56, 56, 3), 25 * i, np.uint8))))
+    assert got[2][1] == pytest.approx([p for _, p in monitor.curve], abs=1e-6)
+    assert got[2][1] != pytest.approx(got[0][1][:2], abs=1e-4)  # not the replay from the episode's start
+
+
 def test_threshold_and_binary_metrics_by_hand():
     prob, y = np.array([0.1, 0.4, 0.35, 0.8, 0.7, 0.2]), np.array([0, 0, 1, 1, 1, 0])
     m = binary_metrics(prob, y, 0.5)
@@ -257,6 +339,16 @@ def test_loop_stops_and_the_loop_threshold_by_hand():
     assert loop_threshold([f, g, g], rule="balanced", early_cost=3.0) > 0.85  # an early stop dearer
     with pytest.raises(ValueError, match="rule 'fewest'"):
         loop_threshold([f], rule="fewest")
+    # Per task: "dig" is a, b and c as above (0.8 keeps all three whole); "chop" is g alone, whose lowest
+    # threshold with no early stop is its first query's 0.1 (on time at 3). One threshold for all four must
+    # hold a, b, c whole (0.8: a 1 step late, b 3), and then g stops at 7, 4 steps late.
+    curves, tasks = [a, b, c, g], ["dig", "dig", "dig", "chop"]
+    by_task = loop_thresholds(curves, tasks, max_early=0.0)
+    assert by_task == {"chop": 0.1, "dig": 0.8}
+    assert stops_at(curves, tasks, by_task) == {"episodes": 4, "early": 0, "missed": 0, "delays": [0, 1, 3]}
+    assert loop_threshold(curves, max_early=0.0) == 0.8 and loop_stops(curves, 0.8)["delays"] == [1, 3, 4]
+    with pytest.raises(ValueError, match="4 curves, 3 task names"):
+        loop_thresholds(curves, tasks[:3])
 
 
 def test_signal_on_two_consecutive_queries_or_the_budget(coupled):

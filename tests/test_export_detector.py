@@ -43,9 +43,10 @@ def runs(tmp_path_factory):
     # Distinct RS-Norm rows (filled independently): the regime changes the detector's context.
     _save_run(spec, _filled(setup.policy_stage(spec).init_model, 1), POLICY_STEP)
     loaded = load_run(spec.workdir)
-    # Width 32 against the policy's 64 (projections), 2 cross-attention blocks in 4 layers, 3 frames.
+    # Width 32 against the policy's 64 (projections), 2 cross-attention blocks in 4 layers, 3 frames and the
+    # invocation's first (the anchor slot).
     det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
-                             policy_stride=loaded.stride)
+                             policy_stride=loaded.stride, anchor=True)
     assert det_config.projects and det_config.num_groups == 2
     det_dir, coupled = _detector_run(root, "det", loaded.policy, det_config, seed=5)
     return spec.workdir, det_dir, coupled, det_config, loaded.config

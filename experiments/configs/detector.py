@@ -66,6 +66,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.post_window = 4  # steps after a subtask boundary that count as complete
     d.subtasks = True  # training units: the task and each of the expert's phases (aim, dig, place, ...)
     d.start_jitter = False  # True: training queries begin their invocation at a random step (detector.data)
+    # The invocation's first frame as one more slot (DetectorConfig.anchor; max_len grows by a frame's tokens)
+    d.anchor = False
+    # The task again from each later rise of its product's count (detector.data.resume_units): invocations
+    # that begin with the product held, as training queries and as loop-threshold replays
+    d.resume_units = False
+    d.loop_resume_units = False
     d.eval_subtasks = False  # validation and test units: the task only (the atomic subtask the loop ends)
     d.splits = (0.6, 0.2, 0.2)  # train / validation (threshold) / test episodes, per task
     d.split_seed = 0
@@ -77,6 +83,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # past success in the data, where both happen).
     d.loop_rule = "max_early"
     d.early_cost = 1.0
+    # Also a loop threshold per task, each by that rule from its own replays (loop_thresholds in the report;
+    # the harness uses a subtask's own where it has one)
+    d.per_task_thresholds = False
     c.detector = d
 
     c.vlm = ml_collections.ConfigDict()  # the prompted-VLM baseline (eval.suites.vlm_judge.JudgeSpec)

@@ -16,6 +16,9 @@ from histeve_jax.models import qwen2_5_vl
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig, VisionConfig
 
 NUM_CLASSES = 2  # incomplete, complete
+# The frame offset of the invocation's first frame (``DetectorConfig.anchor``): every frame offset is
+# clamped to the invocation's first step, so an offset this far back always reads that frame.
+ANCHOR_OFFSET = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,10 @@ class DetectorConfig:
     cross_attention_every: int = 4  # a cross-attention block after every n-th layer; 0: none (ablation)
     history_frames: int = 3  # frames before the query, ``stride`` steps apart
     stride: int = 4
+    # One more slot before the history: the invocation's first frame. A subtask asked for when its product
+    # is already held (mine_dirt(count=3) with two dirt in the hotbar) is done once it has *changed* since
+    # the start; the recent frames alone show dirt in the hotbar either way.
+    anchor: bool = False
     policy_stride: int = 4  # steps between the policy's own frames (its run's data.stride)
     max_len: int = 160  # the detector prompt's padded length
     policy_max_len: int = 112  # the policy prompt's padded length (the cross-attention's keys)
@@ -63,7 +70,7 @@ class DetectorConfig:
 
     @property
     def num_frames(self) -> int:
-        return self.history_frames + 1
+        return self.history_frames + 1 + int(self.anchor)
 
     @property
     def tokens_per_image(self) -> int:
@@ -71,8 +78,10 @@ class DetectorConfig:
         return (self.image_size[0] // m) * (self.image_size[1] // m)
 
     def frame_offsets(self) -> tuple[int, ...]:
-        """Steps before the query of the detector's frames, oldest first (the query itself is 0)."""
-        return tuple(k * self.stride for k in range(self.history_frames, -1, -1))
+        """Steps before the query of the detector's frames, oldest first (the query itself is 0; with
+        ``anchor``, ``ANCHOR_OFFSET`` first: the invocation's first frame)."""
+        recent = tuple(k * self.stride for k in range(self.history_frames, -1, -1))
+        return ((ANCHOR_OFFSET,) if self.anchor else ()) + recent
 
     def replace(self, **kw: Any) -> DetectorConfig:
         return dataclasses.replace(self, **kw)

@@ -8,12 +8,15 @@ Labels (``episode_units``): an episode gives one *unit* per instruction whose co
   the loop;
 * each expert subtask (a run of one ``subtask`` name; boundaries are where it changes): incomplete on its
   own steps, complete from the first step of the next subtask on (``post_window`` steps of it). Its
-  instruction is ``"<task instruction>; subtask: <name>"``.
+  instruction is ``"<task instruction>; subtask: <name>"``;
+* (``resume``) the task again from each later step where its product's count rose (``resume_units``): an
+  invocation that begins with the product already held, as the harness asks for a count.
 
 Queries (``sample_queries``): per unit up to ``per_unit`` steps from each side, then the larger class is
 subsampled to the smaller one's size, so the set is balanced while failed episodes still give negatives.
 Each query's frames are the records ``offset`` steps before it for the slot offsets (``coupled.frame_slots``),
-clamped to the episode's first step as the training windows and ``FrameHistory`` clamp.
+clamped to its unit's first step (the episode's, but for resume units) as the training windows and
+``FrameHistory`` clamp: the detector's anchor slot (``DetectorConfig.anchor``) is that step's frame.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ class Step:
     subtask: str
     completed: int
     regime: int
+    inventory: tuple[tuple[str, int], ...] = ()  # (item, count) as the record's metadata holds it
+
+    def held(self, item: str) -> int:
+        return dict(self.inventory).get(item, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Unit:
     instruction: str
     negatives: tuple[int, ...]  # positions in the episode
     positives: tuple[int, ...]
+    start: int = 0  # the position where its invocation begins (its frames clamp there)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +83,7 @@ def read_steps(directories: str | Sequence[str]) -> tuple[pipeline.ShardSet, dic
     offset = 0
     for path, n in zip(shards.paths, shards.num_records, strict=True):
         for i, r in enumerate(R.read_shard(path)):
-            episodes.setdefault(r.episode_id, []).append(Step(
-                offset + i, r.episode_id, r.step, r.task_id, r.kind, r.instruction, r.subtask,
-                int(r.completed), int(bool(r.is_gui_open))))
+            episodes.setdefault(r.episode_id, []).append(step_of(r, offset + i))
         offset += n
     for eid, steps in episodes.items():
         if [s.step for s in steps] != list(range(len(steps))):
@@ -85,12 +91,48 @@ def read_steps(directories: str | Sequence[str]) -> tuple[pipeline.ShardSet, dic
     return shards, episodes
 
 
+def step_of(r: R.StepRecord, index: int) -> Step:
+    """The ``Step`` of record ``r`` at global ``index`` (its inventory: the metadata's, where it has one)."""
+    inv = (r.metadata or {}).get("inventory") or {}
+    inventory = tuple(sorted((str(k), int(v)) for k, v in inv.items())) if isinstance(inv, dict) else ()
+    return Step(index, r.episode_id, r.step, r.task_id, r.kind, r.instruction, r.subtask, int(r.completed),
+                int(bool(r.is_gui_open)), inventory)
+
+
+def products(steps: Sequence[Step]) -> tuple[str, ...]:
+    """The items whose count rose at the step the task's check first held (a mine's block, a craft's
+    output): what the task makes. () when it never held or no record carries the inventory."""
+    c = next((i for i, s in enumerate(steps) if s.completed == 1), None)
+    if not c:
+        return ()
+    before, after = dict(steps[c - 1].inventory), dict(steps[c].inventory)
+    return tuple(sorted(k for k, v in after.items() if v > before.get(k, 0)))
+
+
+def resume_units(steps: Sequence[Step], *, post_window: int = 4) -> list[Unit]:
+    """The task again from each step after its first completion where the product's count rose: an
+    invocation that begins with the product already held (the harness's mine_dirt(count=3) with two dirt in
+    the hotbar) and is done once the count rises again. Incomplete from that step until the next rise (to
+    the episode's end when there is none: the product held, the task not done again), complete for
+    ``post_window`` steps from it. The policy's rollouts played on past success give them."""
+    units = []
+    for item in products(steps):
+        counts = [s.held(item) for s in steps]
+        rises = [i for i in range(1, len(steps)) if counts[i] > counts[i - 1] and steps[i].completed == 1]
+        for a, b in zip(rises, rises[1:] + [len(steps)], strict=True):
+            units.append(Unit(steps[0].instruction, tuple(range(a, b)),
+                              tuple(range(b, min(b + post_window, len(steps)))), start=a))
+    return units
+
+
 def subtask_instruction(instruction: str, subtask: str) -> str:
     return f"{instruction}; subtask: {subtask.replace('_', ' ')}"
 
 
-def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool = True) -> list[Unit]:
-    """The task unit and (``subtasks``) one unit per expert subtask of one episode (module docstring)."""
+def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool = True,
+                  resume: bool = False) -> list[Unit]:
+    """The task unit, (``subtasks``) one unit per expert subtask and (``resume``) the task's
+    ``resume_units`` of one episode (module docstring)."""
     n = len(steps)
     done = [i for i, s in enumerate(steps) if s.completed == 1]
     units = []
@@ -106,6 +148,8 @@ def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool
             if name and name != "done":
                 units.append(Unit(subtask_instruction(steps[0].instruction, name), tuple(range(a, b)),
                                   tuple(range(b, min(b + post_window, n)))))
+    if resume:
+        units += resume_units(steps, post_window=post_window)
     return units
 
 
@@ -118,7 +162,7 @@ def query_frames(steps: Sequence[Step], position: int, offsets: Sequence[int],
 
 def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, per_unit: int = 3,
                    post_window: int = 4, subtasks: bool = True, seed: int = 0,
-                   start_jitter: bool = False) -> list[Query]:
+                   start_jitter: bool = False, resume: bool = False) -> list[Query]:
     """A balanced query set (module docstring), in a seeded order.
 
     ``start_jitter``: each query's invocation begins at a step drawn uniformly up to it, not at the
@@ -132,11 +176,12 @@ def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, p
     neg: list[Query] = []
     for eid in sorted(episodes):
         steps = episodes[eid]
-        for unit in episode_units(steps, post_window=post_window, subtasks=subtasks):
+        for unit in episode_units(steps, post_window=post_window, subtasks=subtasks, resume=resume):
             for label, where, out in ((1, unit.positives, pos), (0, unit.negatives, neg)):
                 chosen = rng.sample(where, min(per_unit, len(where)))
                 out.extend(Query(eid, steps[p].step,
-                                 query_frames(steps, p, offsets, rng.randint(0, p) if start_jitter else 0),
+                                 query_frames(steps, p, offsets,
+                                              rng.randint(unit.start, p) if start_jitter else unit.start),
                                  unit.instruction, steps[p].regime, label, steps[p].kind)
                            for p in sorted(chosen))
     k = min(len(pos), len(neg))

@@ -8,7 +8,7 @@ the probability. It signals a candidate completion when ``consecutive`` queries 
 threshold (``first_signal`` is the rule on a probability sequence), and returns control when the budget
 of steps is spent. ``loop_stops`` counts how replayed episodes would end under the rule at a threshold, and
 ``loop_threshold`` picks the loop's threshold from them (the lowest that ends few enough early, or the one
-that ends the fewest early or missed).
+that ends the fewest early or missed); ``loop_thresholds`` picks one per task.
 ``MonitoredAgent`` wraps any rollout ``Agent`` with a monitor: the step it fires, the
 agent answers a no-op with ``subtask="done"``, which ``eval.rollout.run_episode`` already treats as the
 end of the episode (so the hook works with the rollout as it is). Its ``series["completion_prob"]`` holds
@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from histeve_jax.detector.config import ANCHOR_OFFSET
 from histeve_jax.detector.coupled import CoupledDetector
 from histeve_jax.detector.inputs import QueryInputs
 from histeve_jax.detector.loss import completion_probability
@@ -110,6 +111,29 @@ def loop_threshold(curves: Sequence[Curve], consecutive: int = 2, max_early: flo
     return never
 
 
+def loop_thresholds(curves: Sequence[Curve], tasks: Sequence[str], consecutive: int = 2,
+                    max_early: float = 0.05, rule: str = "max_early",
+                    early_cost: float = 1.0) -> dict[str, float]:
+    """``loop_threshold`` per task, each from its own replays (``tasks[i]`` is curve i's task): a subtask
+    the detector reads well keeps a low threshold while one it confuses (mine_dirt begun with dirt held)
+    gets its own high one."""
+    if len(curves) != len(tasks):
+        raise ValueError(f"loop_thresholds: {len(curves)} curves, {len(tasks)} task names")
+    return {t: loop_threshold([c for c, k in zip(curves, tasks, strict=True) if k == t], consecutive,
+                              max_early, rule, early_cost) for t in sorted(set(tasks))}
+
+
+def stops_at(curves: Sequence[Curve], tasks: Sequence[str], thresholds: Mapping[str, float],
+             consecutive: int = 2) -> dict[str, Any]:
+    """``loop_stops`` with each curve at its task's threshold, summed over tasks."""
+    out: dict[str, Any] = {"episodes": 0, "early": 0, "missed": 0, "delays": []}
+    for t, thr in thresholds.items():
+        s = loop_stops([c for c, k in zip(curves, tasks, strict=True) if k == t], thr, consecutive)
+        for key in out:
+            out[key] += s[key]
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class MonitorStep:
     """What the monitor says after one frame: the query's probability (None between queries), whether the
@@ -143,15 +167,21 @@ class CompletionMonitor:
         """A new invocation of ``instruction``."""
         self.instruction, self.regime = instruction, int(regime)
         self.step = -1
+        # The recent frames the slots reach back to, and the invocation's first (the anchor slot's, and
+        # where every offset clamps): (frame, its embeddings once computed).
+        recent = [o for o in self.offsets if o != ANCHOR_OFFSET]
         self._frames: collections.deque[tuple[np.ndarray, list[Any]]] = collections.deque(
-            maxlen=max(self.offsets) + 1)
+            maxlen=max(recent, default=0) + 1)
+        self._first: tuple[np.ndarray, list[Any]] | None = None
         self._run = 0
         self.curve: list[tuple[int, float]] = []
         self.stopped: MonitorStep | None = None
 
     def _embeds(self, back: int) -> jax.Array:
-        """The image embeddings of the frame ``back`` steps ago (clamped to the first), computed once."""
-        frame, cache = self._frames[max(len(self._frames) - 1 - back, 0)]
+        """The image embeddings of the frame ``back`` steps ago (clamped to the invocation's first frame),
+        computed once."""
+        i = len(self._frames) - 1 - back
+        frame, cache = self._frames[i] if i >= 0 else self._first
         if not cache:
             cache.append(_embed_frame(self.coupled, jnp.asarray(self.inputs.pixels([frame]))))
         return cache[0]
@@ -171,6 +201,8 @@ class CompletionMonitor:
         if info is not None and "is_gui_open" in info:
             self.regime = int(bool(info["is_gui_open"]))
         self._frames.append((np.asarray(frame), []))
+        if self._first is None:
+            self._first = self._frames[0]
         o = self.options
         prob = None
         if self.step % o.every == o.every - 1:

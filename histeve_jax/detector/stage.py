@@ -41,6 +41,7 @@ class QueryOptions:
     subtasks: bool = True
     seed: int = 0
     start_jitter: bool = False
+    resume: bool = False  # also the task's resume units (``detector.data.resume_units``)
 
 
 def loader_options(data: DataSpec, *, train: bool) -> pipeline.LoaderOptions:
@@ -63,7 +64,8 @@ def queries_of(dirs: list[str] | tuple[str, ...], config: DetectorConfig, policy
     offsets = frame_slots(config, policy_config.num_frames)[0]
     queries = data_lib.sample_queries(episodes, offsets, per_unit=options.per_unit,
                                       post_window=options.post_window, subtasks=options.subtasks,
-                                      seed=options.seed, start_jitter=options.start_jitter)
+                                      seed=options.seed, start_jitter=options.start_jitter,
+                                      resume=options.resume)
     return shards, queries
 
 

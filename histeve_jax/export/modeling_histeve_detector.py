@@ -12,8 +12,9 @@ it imports only torch and transformers (no JAX, nothing from histeve_jax). It is
 
 * ``HiSteveDetectorConfig``: the detector decoder's Qwen2.5-VL config (its vision part only gives M-RoPE's
   merge size: frames are encoded by the policy's tower) plus ``policy_hidden_size``,
-  ``cross_attention_every``, ``num_frames``, ``image_size`` and ``frame_slots`` (the query's frame slots,
-  and which of them each model reads).
+  ``cross_attention_every``, ``num_frames``, ``image_size`` and ``frame_slots`` (the query's frame slots
+  as steps before the query, each clamped to the invocation's first step, so the offset 1000000 of an
+  anchored detector is that first frame; and which of them each model reads).
 * ``HiSteveDetector``: transformers' ``Qwen2_5_VLTextModel`` (embedding, decoder layers, M-RoPE rotary
   embedding, final norm) run layer by layer with a ``HiSteveCrossAttention`` block after every n-th layer;
   image embeddings and the policy's states projected to its width where the widths differ; the last real
