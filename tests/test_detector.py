@@ -203,17 +203,17 @@ def test_resume_units_begin_at_each_rise_of_the_product_and_their_frames_clamp_t
     units = data_lib.episode_units(steps, post_window=2, subtasks=False, resume=True)
     assert [(u.start, u.negatives, u.positives) for u in units] == [
         (0, (0, 1), tuple(range(2, 8))),  # the task from the episode's start
-        (2, (2, 3, 4), (5, 6)), (5, (5, 6), (7,)),  # begun with 1 and with 2 held: done at the next rise
-        (7, (7,), ())]  # begun with 3 held, never done again: negatives only
+        (2, (2, 3, 4), (5, 6)), (5, (5, 6), (7,))]  # begun with 1 and with 2 held: done at the next rise
+    # (none from the last rise, 7: the recording ends there, not the play)
     plain = [_step("f", i, completed=int(i >= 2)) for i in range(8)]  # no inventory in the records
     assert data_lib.episode_units(plain, resume=True) == data_lib.episode_units(plain)
-    # Every negative is kept (8 against 9 positives); a resume unit's frames clamp at its own start,
+    # Every negative is kept (7 against 9 positives); a resume unit's frames clamp at its own start,
     # the anchor slot (ANCHOR_OFFSET back) included.
     qs = data_lib.sample_queries({"e": steps}, (ANCHOR_OFFSET, 4, 0), per_unit=8, post_window=2,
                                  subtasks=False, resume=True)
     neg = sorted((q.step, q.frames) for q in qs if q.label == 0)
     assert neg == [(0, (100, 100, 100)), (1, (100, 100, 101)), (2, (102, 102, 102)), (3, (102, 102, 103)),
-                   (4, (102, 102, 104)), (5, (105, 105, 105)), (6, (105, 105, 106)), (7, (107, 107, 107))]
+                   (4, (102, 102, 104)), (5, (105, 105, 105)), (6, (105, 105, 106))]
 
 
 def test_the_anchor_slot_reads_the_invocations_first_frame_after_the_history_has_moved_on(pruned):
@@ -256,9 +256,8 @@ def test_the_loop_replays_begin_again_at_each_resume_unit(coupled, pruned, tmp_p
     assert [(steps, done) for steps, _, done in curves()] == [([1, 3, 5, 7], 2)]
     cfg.detector.loop_resume_units = True
     got = curves()
-    # from 0 (done at 2), from the rises at 2 and 5 (done 3 steps on), from 8 (never done again)
-    assert [(steps, done) for steps, _, done in got] == [([1, 3, 5, 7], 2), ([1, 3, 5], 3), ([1, 3], 3),
-                                                        ([], None)]
+    # from 0 (done at 2), from the rises at 2 and 5 (done 3 steps on); none from the last rise, 8
+    assert [(steps, done) for steps, _, done in got] == [([1, 3, 5, 7], 2), ([1, 3, 5], 3), ([1, 3], 3)]
     monitor = CompletionMonitor(coupled, QueryInputs(coupled.config, POLICY),
                                 MonitorOptions(threshold=2.0, every=2))
     monitor.reset("dig the ground")

@@ -112,14 +112,15 @@ def products(steps: Sequence[Step]) -> tuple[str, ...]:
 def resume_units(steps: Sequence[Step], *, post_window: int = 4) -> list[Unit]:
     """The task again from each step after its first completion where the product's count rose: an
     invocation that begins with the product already held (the harness's mine_dirt(count=3) with two dirt in
-    the hotbar) and is done once the count rises again. Incomplete from that step until the next rise (to
-    the episode's end when there is none: the product held, the task not done again), complete for
-    ``post_window`` steps from it. The policy's rollouts played on past success give them."""
+    the hotbar) and is done once the count rises again. Incomplete from that step until the next rise,
+    complete for ``post_window`` steps from it. The policy's rollouts played on past success give them.
+    The steps after the last rise give none: the recording stopped there (``after_success`` steps past the
+    first success), not the policy, so "not done again" would be a label of the cut, not of the play."""
     units = []
     for item in products(steps):
         counts = [s.held(item) for s in steps]
         rises = [i for i in range(1, len(steps)) if counts[i] > counts[i - 1] and steps[i].completed == 1]
-        for a, b in zip(rises, rises[1:] + [len(steps)], strict=True):
+        for a, b in zip(rises, rises[1:], strict=False):
             units.append(Unit(steps[0].instruction, tuple(range(a, b)),
                               tuple(range(b, min(b + post_window, len(steps)))), start=a))
     return units
