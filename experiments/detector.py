@@ -208,22 +208,8 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
               "test_phases": binary_metrics(*scores["test_phases"], threshold), "queries": counts,
               "parameters": parameter_count(det_config), "pruned_dir": pruned_dir, "run_dir": run_dir,
               "final_loss": history[max(history)].get("loss") if history else None}  # None: resumed done
-    # The loop's own threshold, from the validation episodes' replays under the stop rule (two consecutive
-    # queries at or over it, a query every monitor_every steps), by detector.loop_rule: the lowest that
-    # ends at most max_early of them early, or the one that ends the fewest early or missed
-    # (monitor.loop_threshold): what the harness uses. How the replays end at it is reported.
-    # With detector.per_task_thresholds, also one per task by the same rule from its own replays
-    # (loop_thresholds), and how the replays end at those.
-    from histeve_jax.detector.monitor import loop_stops, loop_threshold, loop_thresholds, stops_at
-
     curves, tasks = loop_curves(cfg, report, splits[1], module, with_tasks=True)
-    report["loop_threshold"] = loop_threshold(curves, d.consecutive, d.max_early, d.loop_rule, d.early_cost)
-    report.update(max_early=d.max_early, loop_rule=d.loop_rule, early_cost=d.early_cost)
-    report["loop_validation"] = loop_summary(loop_stops(curves, report["loop_threshold"], d.consecutive))
-    if d.per_task_thresholds:
-        by_task = loop_thresholds(curves, tasks, d.consecutive, d.max_early, d.loop_rule, d.early_cost)
-        report["loop_thresholds"] = by_task
-        report["loop_validation_per_task"] = loop_summary(stops_at(curves, tasks, by_task, d.consecutive))
+    report.update(loop_calibration(curves, tasks, d))
     path = os.path.join(run_dir, "detector_report.json")
     with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=2)
@@ -233,6 +219,36 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     with open(os.path.join(run_dir, prune.CONFIG_FILE), "w") as f:
         json.dump(prune.config_to_dict(det_config), f, indent=2, default=str)
     return report
+
+
+def loop_calibration(curves: list, tasks: list[str], d: Any) -> dict[str, Any]:
+    """The report's loop fields from the validation replays (``loop_curves``) and their tasks.
+
+    ``loop_threshold``: the loop's own threshold under the stop rule (``d.consecutive`` queries in a row at
+    or over it), by ``d.loop_rule`` (``monitor.loop_threshold``): the lowest that ends at most
+    ``d.max_early`` of the replays early, or the one with the fewest early and missed stops; what the
+    harness uses. With ``d.per_task_thresholds``, ``loop_thresholds``: one per task by the same rule from its
+    own replays (a subtask of that task is held to it). ``loop_validation``: how the replays end at the
+    thresholds the harness will use, in all and by task."""
+    from histeve_jax.detector.monitor import loop_stops, loop_threshold, loop_thresholds
+
+    rule = (d.consecutive, d.max_early, d.loop_rule, d.early_cost)
+    out: dict[str, Any] = {"loop_threshold": loop_threshold(curves, *rule), "max_early": d.max_early,
+                           "loop_rule": d.loop_rule, "early_cost": d.early_cost}
+    by_task = loop_thresholds(curves, tasks, *rule) if d.per_task_thresholds else {}
+    if by_task:
+        out["loop_thresholds"] = by_task
+    stops: dict[str, dict] = {}
+    for t in sorted(set(tasks)):
+        mine = [c for c, k in zip(curves, tasks, strict=True) if k == t]
+        stops[t] = loop_stops(mine, by_task.get(t, out["loop_threshold"]), d.consecutive)
+    total = {"episodes": 0, "early": 0, "missed": 0, "delays": []}
+    for s in stops.values():
+        for key in total:
+            total[key] += s[key]
+    out["loop_validation"] = loop_summary(total)
+    out["loop_validation_by_task"] = {t: loop_summary(s) for t, s in stops.items()}
+    return out
 
 
 def loop_summary(stops: dict) -> dict:

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,7 @@ from flax import nnx
 from run_helpers import filled
 
 from experiments.configs import detector as detector_configs
+from experiments.detector import loop_calibration
 from histeve_jax.data import records as R
 from histeve_jax.detector import data as data_lib
 from histeve_jax.detector import prune
@@ -29,7 +31,6 @@ from histeve_jax.detector.monitor import (
     loop_stops,
     loop_threshold,
     loop_thresholds,
-    stops_at,
 )
 from histeve_jax.detector.predict import load_trained
 from histeve_jax.detector.stage import detector_stage
@@ -342,12 +343,24 @@ def test_loop_stops_and_the_loop_threshold_by_hand():
     # threshold with no early stop is its first query's 0.1 (on time at 3). One threshold for all four must
     # hold a, b, c whole (0.8: a 1 step late, b 3), and then g stops at 7, 4 steps late.
     curves, tasks = [a, b, c, g], ["dig", "dig", "dig", "chop"]
-    by_task = loop_thresholds(curves, tasks, max_early=0.0)
-    assert by_task == {"chop": 0.1, "dig": 0.8}
-    assert stops_at(curves, tasks, by_task) == {"episodes": 4, "early": 0, "missed": 0, "delays": [0, 1, 3]}
+    assert loop_thresholds(curves, tasks, max_early=0.0) == {"chop": 0.1, "dig": 0.8}
     assert loop_threshold(curves, max_early=0.0) == 0.8 and loop_stops(curves, 0.8)["delays"] == [1, 3, 4]
     with pytest.raises(ValueError, match="4 curves, 3 task names"):
         loop_thresholds(curves, tasks[:3])
+    # The report's loop fields (experiments.detector.loop_calibration): how the replays end at the
+    # thresholds the harness will use, in all and by task.
+    d = ml_collections.ConfigDict({"consecutive": 2, "max_early": 0.0, "loop_rule": "max_early",
+                                   "early_cost": 1.0, "per_task_thresholds": True})
+    cal = loop_calibration(curves, tasks, d)
+    assert cal["loop_threshold"] == 0.8 and cal["loop_thresholds"] == {"chop": 0.1, "dig": 0.8}
+    assert cal["loop_validation"] == {"episodes": 4, "early": 0, "missed": 0, "on_time": 3,
+                                      "mean_delay": pytest.approx(4 / 3)}
+    assert cal["loop_validation_by_task"]["chop"] == {"episodes": 1, "early": 0, "missed": 0, "on_time": 1,
+                                                      "mean_delay": 0.0}
+    d.per_task_thresholds = False
+    cal = loop_calibration(curves, tasks, d)
+    assert "loop_thresholds" not in cal and cal["loop_validation_by_task"]["chop"]["mean_delay"] == 4.0
+    assert cal["loop_validation"]["mean_delay"] == pytest.approx(8 / 3)
 
 
 def test_signal_on_two_consecutive_queries_or_the_budget(coupled):

@@ -123,17 +123,6 @@ def loop_thresholds(curves: Sequence[Curve], tasks: Sequence[str], consecutive: 
                               max_early, rule, early_cost) for t in sorted(set(tasks))}
 
 
-def stops_at(curves: Sequence[Curve], tasks: Sequence[str], thresholds: Mapping[str, float],
-             consecutive: int = 2) -> dict[str, Any]:
-    """``loop_stops`` with each curve at its task's threshold, summed over tasks."""
-    out: dict[str, Any] = {"episodes": 0, "early": 0, "missed": 0, "delays": []}
-    for t, thr in thresholds.items():
-        s = loop_stops([c for c, k in zip(curves, tasks, strict=True) if k == t], thr, consecutive)
-        for key in out:
-            out[key] += s[key]
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class MonitorStep:
     """What the monitor says after one frame: the query's probability (None between queries), whether the
