@@ -81,13 +81,13 @@ def test_a_subtask_with_its_own_loop_threshold_is_held_to_it(runs, tmp_path):
     obs = {"image": np.zeros((*loaded.config.image_size, 3), np.uint8)}
     info = {"inventory": {"default:tree": 1}, "is_gui_open": False}
     seen = []
-    for name in ("mine_log", "craft_planks", "mine_log"):
+    for name in ("mine_log", "mine_dirt", "mine_log"):
         completion.reset(schemas[name].instantiate({}), obs, info)
         seen.append(completion.threshold)
     assert seen == [0.7, 0.4, 0.7]
     completion.threshold = 0.2
     assert completion.threshold == 0.7  # mine_log still runs, held to its own
-    completion.reset(schemas["craft_planks"].instantiate({}), obs, info)
+    completion.reset(schemas["mine_dirt"].instantiate({}), obs, info)
     assert completion.threshold == 0.2
 
 

@@ -20,7 +20,7 @@ from transformers import AutoModel
 
 from experiments.configs import imitation
 from histeve_jax.detector import prune
-from histeve_jax.detector.config import tiny_config
+from histeve_jax.detector.config import ANCHOR_OFFSET, tiny_config
 from histeve_jax.detector.inputs import QueryInputs
 from histeve_jax.detector.model import Detector
 from histeve_jax.eval.policy_agent import load_run
@@ -46,7 +46,7 @@ def runs(tmp_path_factory):
     # Width 32 against the policy's 64 (projections), 2 cross-attention blocks in 4 layers, 3 frames and the
     # invocation's first (the anchor slot).
     det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
-                             policy_stride=loaded.stride, anchor=True)
+                             policy_stride=loaded.stride, anchor=True, max_len=192)
     assert det_config.projects and det_config.num_groups == 2
     det_dir, coupled = _detector_run(root, "det", loaded.policy, det_config, seed=5)
     return spec.workdir, det_dir, coupled, det_config, loaded.config
@@ -116,8 +116,9 @@ def test_detector_directory_loads_offline_with_every_tensor(exported, runs):
     cfg = json.load(open(os.path.join(exported, "detector", "config.json")))
     assert cfg["auto_map"]["AutoModel"] == "modeling_histeve_detector.HiSteveDetector"
     assert cfg["histeve"]["source"] == {"run": os.path.abspath(det_dir), "step": DETECTOR_STEP}
-    # The frames both models read: the detector's (3 frames 2 steps apart), the policy's (its run's stride).
-    want = sorted({4, 2, 0} | {runs[3].policy_stride, 0}, reverse=True)
+    # The frames both models read: the detector's (the invocation's first, then 3 frames 2 steps apart), the
+    # policy's (its run's stride).
+    want = sorted({ANCHOR_OFFSET, 4, 2, 0} | {runs[3].policy_stride, 0}, reverse=True)
     assert cfg["histeve"]["threshold"] == THRESHOLD and cfg["frame_slots"]["offsets"] == want
     model, info = AutoModel.from_pretrained(os.path.join(exported, "detector"), trust_remote_code=True,
                                             output_loading_info=True)
