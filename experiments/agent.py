@@ -93,7 +93,9 @@ def detector_config(c: Any, policy: str) -> Any:
     d.detector.record_tasks = tuple(c.detector_record_tasks)
     d.detector.record_episodes = c.detector_record_episodes
     d.detector.monitor_every = c.play.detector_every
-    d.detector.max_len = c.detector_max_len
+    # an anchored detector's prompt holds one more frame: a frame's tokens more (28 at 112x196)
+    frame_tokens = (image_size[0] // 28) * (image_size[1] // 28)
+    d.detector.max_len = c.detector_max_len + frame_tokens * bool(c.detector_anchor)
     d.detector.per_unit = c.detector_per_unit
     d.detector.anchor, d.detector.resume_units = bool(c.detector_anchor), bool(c.detector_resume_units)
     d.detector.loop_resume_units = bool(c.detector_loop_resume_units)

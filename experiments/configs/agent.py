@@ -42,10 +42,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 3000 with 8 queries a unit: row 1 3/6 on validation seeds, 1/6 at 1000 with 3 (300: test F1 0.77 and
     # invocations ended at their second query in the loop)
     c.detector_steps = 3000
-    c.detector_max_len = 224  # 5 frames x 28 tokens and the longest subtask's text with its phase (193)
-    # The invocation's first frame as a slot; the subtasks again from each later rise of their product as
-    # training queries and as loop-threshold replays; a loop threshold per subtask
-    # (experiments/configs/detector.py)
+    c.detector_max_len = 192  # 4 frames x 28 tokens and the longest subtask's text with its phase (165)
+    # The invocation's first frame as a slot (max_len grows by a frame's tokens); the subtasks again from
+    # each later rise of their product as training queries and as loop-threshold replays; a loop threshold
+    # per subtask (experiments/configs/detector.py)
     c.detector_anchor = False
     c.detector_resume_units = False
     c.detector_loop_resume_units = False
