@@ -293,7 +293,7 @@ def loop_curves(cfg: Any, report: dict, split_dir: str, module: Any = None,
         starts = [(0, done[0] if done else None)]
         if d.loop_resume_units:
             units = data_lib.resume_units([data_lib.step_of(r, i) for i, r in enumerate(recs)])
-            starts += [(u.start, u.positives[0] - u.start if u.positives else None) for u in units]
+            starts += [(u.start, u.positives[0] - u.start) for u in units]  # each ends at a rise
         frames = [R.decode_frame(r.frame) for r in recs]
         for a, first_done in starts:
             monitor.reset(recs[a].instruction, int(recs[a].is_gui_open))
