@@ -81,6 +81,7 @@ def policy_run(c: Any, workdir: str) -> str:
 def detector_config(c: Any, policy: str) -> Any:
     """``experiments/configs/detector.py:tiny`` beside ``policy``: the subtasks' expert episodes."""
     from experiments.configs.detector import get_config
+    from experiments.detector import parse_crop
 
     d = get_config("tiny")
     with open(os.path.join(policy, "config.json")) as f:
@@ -93,9 +94,17 @@ def detector_config(c: Any, policy: str) -> Any:
     d.detector.record_tasks = tuple(c.detector_record_tasks)
     d.detector.record_episodes = c.detector_record_episodes
     d.detector.monitor_every = c.play.detector_every
-    # an anchored detector's prompt holds one more frame: a frame's tokens more (28 at 112x196)
-    frame_tokens = (image_size[0] // 28) * (image_size[1] // 28)
+    # an anchored detector's prompt holds one more frame: a frame's tokens more (28 at 112x196) and its
+    # vision start and end; a detail crop's likewise, for the query's frame (and the anchor's)
+    frame_tokens = (image_size[0] // 28) * (image_size[1] // 28) + 2
     d.detector.max_len = c.detector_max_len + frame_tokens * bool(c.detector_anchor)
+    d.detector.detail, d.detector.detail_scale = c.detector_detail, c.detector_detail_scale
+    crop = parse_crop(c.detector_detail)
+    if crop is not None:
+        t, b, l, r = crop
+        s = c.detector_detail_scale
+        crop_tokens = ((b - t) * s // 28) * ((r - l) * s // 28) + 2
+        d.detector.max_len += crop_tokens * (1 + bool(c.detector_anchor))
     d.detector.per_unit = c.detector_per_unit
     d.detector.anchor, d.detector.resume_units = bool(c.detector_anchor), bool(c.detector_resume_units)
     d.detector.loop_resume_units = bool(c.detector_loop_resume_units)

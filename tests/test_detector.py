@@ -241,6 +241,85 @@ def test_the_anchor_slot_reads_the_invocations_first_frame_after_the_history_has
     assert abs(batch_p(0) - batch_p(7)) > 1e-4  # the slot matters: the oldest frame still held differs
 
 
+def test_a_detail_crop_is_the_towers_view_of_the_crop_read_after_the_frames(pruned):
+    import json
+
+    from histeve_jax.eval.inventory_probe import crop_frames, tower_features
+
+    config = pruned[0].config.replace(anchor=True, detail=(28, 56, 0, 56), detail_scale=2)
+    assert config.detail_size == (56, 112) and config.detail_tokens == 8
+    assert config.detail_offsets() == (ANCHOR_OFFSET, 0)
+    assert config.image_grids() == ((1, 4, 4),) * 5 + ((1, 4, 8),) * 2
+    assert prune.config_from_dict(json.loads(json.dumps(prune.config_to_dict(config)))) == config
+    for bad in ((28, 60, 0, 56), (0, 20, 0, 56)):  # outside the 56x56 frame; 40 rows, not a multiple of 28
+        with pytest.raises(ValueError, match=r"DetectorConfig.detail"):
+            config.replace(detail=bad)
+    detector = filled(lambda: Detector(config, rngs=nnx.Rngs(0)), 5)
+    coupled = CoupledDetector(Policy(POLICY, rngs=nnx.Rngs(0)), detector)
+    inputs = QueryInputs(config, POLICY)
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (56, 56, 3), dtype=np.uint8) for _ in range(20)]
+    # The crop's embeddings are the policy's tower on the crop resized twice (the inventory probe's path).
+    want = tower_features(coupled.policy, crop_frames(frames[:1], (28, 56, 0, 56), 2))[0]
+    got = coupled.frame_embeds(jnp.asarray(inputs.detail_pixels(frames[:1])), 1, detail=True)[0]
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    # The prompt holds 5 frames of 4 tokens, then 2 crops of 8; pixel_values the crops' patches after.
+    arrays = inputs([frames[0]] * len(inputs.slots[0]), "dig the ground", 0)
+    assert int((arrays["input_ids"] == config.base.image_token_id).sum()) == 5 * 4 + 2 * 8
+    assert arrays["pixel_values"].shape[0] == config.query_patches(len(inputs.slots[0])) == 5 * 16 + 2 * 32
+    monitor = CompletionMonitor(coupled, inputs, MonitorOptions(threshold=2.0, every=20))
+    monitor.reset("dig the ground")
+    for f in frames:
+        monitor.observe(f)
+    (_, p), = monitor.curve
+
+    def batch_p(query):
+        rows = {ANCHOR_OFFSET: frames[0], **{o: frames[19 - o] for o in (12, 8, 4)}, 0: query}
+        batch = {k: jnp.asarray(v)[None] for k, v in
+                 inputs([rows[o] for o in inputs.slots[0]], "dig the ground", 0).items()}
+        return float(jax.nn.softmax(coupled.logits(batch), -1)[0, 1])
+
+    assert p == pytest.approx(batch_p(frames[19]), abs=1e-5)
+    # The crops are read: the same frames with other crops' embeddings give another probability.
+    embeds = jnp.stack([monitor._embeds(o) for o in monitor.offsets])[None]
+    batch = {k: jnp.asarray(v)[None] for k, v in inputs.prompts("dig the ground", 0).items()}
+    crops = jnp.stack([monitor._embeds(monitor.offsets[i], detail=True) for i in inputs.detail_slots])[None]
+    prob = lambda c: float(jax.nn.softmax(coupled.logits_from_embeds(embeds, batch, c), -1)[0, 1])
+    assert prob(crops) == pytest.approx(p, abs=1e-6) and abs(prob(crops[:, ::-1]) - p) > 1e-4
+    bad = {k: jnp.asarray(v)[None] for k, v in inputs.prompts("dig the ground", 0).items()}
+    bad["pixel_values"] = jnp.zeros((1, 5 * 16, 1176))
+    with pytest.raises(ValueError, match=r"pixel_values has 80 patches per query.*2 detail crops have 144"):
+        coupled.logits(bad)
+
+
+def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens(tmp_path):
+    import json
+
+    from experiments import agent
+    from experiments.configs.agent import get_config
+    from experiments.detector import parse_crop, template_of
+
+    (tmp_path / "config.json").write_text(json.dumps({"data": {"image_size": [112, 196]}}))
+    pc = policy_tiny(history_frames=1, image_size=(112, 196))
+    c = get_config()
+    plain = template_of(agent.detector_config(c, str(tmp_path)), pc)
+    c.detector_anchor, c.detector_detail = True, "84,112,14,154"
+    d = agent.detector_config(c, str(tmp_path))
+    config = template_of(d, pc)
+    assert config.detail == (84, 112, 14, 154) and config.detail_size == (56, 280)
+    # each image with its vision start and end tokens
+    assert config.detail_tokens == 20 and config.max_len == plain.max_len + (28 + 2) + 2 * (20 + 2)
+    # The same text around more images: whatever instruction fitted the plain prompt fits this one.
+    text = "mine 3 dirt blocks; subtask: dig"
+    a, b = (QueryInputs(x, pc).prompts(text, 0) for x in (plain, config))
+    images = lambda arr, x: int((arr["input_ids"] == x.base.image_token_id).sum())
+    assert images(a, plain) == 4 * 28 and images(b, config) == 5 * 28 + 2 * 20
+    assert b["attention_mask"].sum() - a["attention_mask"].sum() == config.max_len - plain.max_len
+    assert parse_crop("") is None
+    with pytest.raises(ValueError, match=r"detector.detail='84,112,14'"):
+        parse_crop("84,112,14")
+
+
 def test_the_loop_replays_begin_again_at_each_resume_unit(coupled, pruned, tmp_path):
     from experiments import detector as detector_exp
 

@@ -44,9 +44,10 @@ def runs(tmp_path_factory):
     _save_run(spec, _filled(setup.policy_stage(spec).init_model, 1), POLICY_STEP)
     loaded = load_run(spec.workdir)
     # Width 32 against the policy's 64 (projections), 2 cross-attention blocks in 4 layers, 3 frames and the
-    # invocation's first (the anchor slot).
+    # invocation's first (the anchor slot), and the lower half of the anchor's and the query's frames again
+    # at twice the scale (the detail crops).
     det_config = tiny_config(loaded.config, cross_attention_every=2, history_frames=2, stride=2,
-                             policy_stride=loaded.stride, anchor=True, max_len=192)
+                             policy_stride=loaded.stride, anchor=True, detail=(28, 56, 0, 56), max_len=208)
     assert det_config.projects and det_config.num_groups == 2
     det_dir, coupled = _detector_run(root, "det", loaded.policy, det_config, seed=5)
     return spec.workdir, det_dir, coupled, det_config, loaded.config
@@ -79,8 +80,8 @@ def _left_padded(ids, mask):
 
 
 def _batch(det_config, policy_config):
-    """Four queries of 3 frame slots, instructions of different lengths, regimes NG, GUI, GUI, NG,
-    right-padded as ``QueryInputs`` pads them, then the same four left-padded (rows 4-7)."""
+    """Four queries of every frame slot (and the detail crops), instructions of different lengths, regimes
+    NG, GUI, GUI, NG, right-padded as ``QueryInputs`` pads them, then the same four left-padded (rows 4-7)."""
     inputs = QueryInputs(det_config, policy_config)
     rng = np.random.default_rng(7)
     words = ["chop", "the", "tree", "mine", "stone", "open", "inventory", "craft", "planks", "dig"]
@@ -120,6 +121,8 @@ def test_detector_directory_loads_offline_with_every_tensor(exported, runs):
     # policy's (its run's stride).
     want = sorted({ANCHOR_OFFSET, 4, 2, 0} | {runs[3].policy_stride, 0}, reverse=True)
     assert cfg["histeve"]["threshold"] == THRESHOLD and cfg["frame_slots"]["offsets"] == want
+    assert cfg["detail_size"] == [56, 112]
+    assert [want[i] for i in cfg["frame_slots"]["detail"]] == [ANCHOR_OFFSET, 0]
     model, info = AutoModel.from_pretrained(os.path.join(exported, "detector"), trust_remote_code=True,
                                             output_loading_info=True)
     assert type(model).__name__ == "HiSteveDetector" and len(model.cross) == 2

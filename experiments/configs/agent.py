@@ -43,13 +43,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # invocations ended at their second query in the loop)
     c.detector_steps = 3000
     c.detector_max_len = 192  # 4 frames x 28 tokens and the longest subtask's text with its phase (165)
-    # The invocation's first frame as a slot (max_len grows by a frame's tokens); the subtasks again from
-    # each later rise of their product as training queries and as loop-threshold replays; a loop threshold
-    # per subtask (experiments/configs/detector.py)
+    # The invocation's first frame as a slot (max_len grows by a frame's tokens and 2 markers); the subtasks
+    # again from each later rise of their product as training queries and as loop-threshold replays; a loop
+    # threshold per subtask (experiments/configs/detector.py)
     c.detector_anchor = False
     c.detector_resume_units = False
     c.detector_loop_resume_units = False
     c.detector_per_task_thresholds = False
+    # A crop "top,bottom,left,right" the detector also reads detail_scale times larger, of the query's frame
+    # and the anchor's ("84,112,14,154": the hotbar at 112x196; max_len grows by its tokens a crop). "": none.
+    c.detector_detail = ""
+    c.detector_detail_scale = 2
     c.progress_bar = True
 
     p = ml_collections.ConfigDict()

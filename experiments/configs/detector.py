@@ -66,12 +66,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.post_window = 4  # steps after a subtask boundary that count as complete
     d.subtasks = True  # training units: the task and each of the expert's phases (aim, dig, place, ...)
     d.start_jitter = False  # True: training queries begin their invocation at a random step (detector.data)
-    # The invocation's first frame as one more slot (DetectorConfig.anchor; max_len grows by a frame's tokens)
+    # The invocation's first frame as one more slot (DetectorConfig.anchor; max_len must hold a frame's tokens
+    # and its 2 vision markers more: experiments.agent raises it so)
     d.anchor = False
     # The task again from each later rise of its product's count (detector.data.resume_units): invocations
     # that begin with the product held, as training queries and as loop-threshold replays
     d.resume_units = False
     d.loop_resume_units = False
+    # A crop "top,bottom,left,right" of the frame (pixels at the policy's image size) the detector also reads
+    # detail_scale times larger, for the query's frame and the anchor's (DetectorConfig.detail; max_len must
+    # hold its tokens and 2 markers per crop more): "84,112,14,154" is the hotbar at 112x196 (20 tokens at
+    # scale 2). "": none.
+    d.detail = ""
+    d.detail_scale = 2
     d.eval_subtasks = False  # validation and test units: the task only (the atomic subtask the loop ends)
     d.splits = (0.6, 0.2, 0.2)  # train / validation (threshold) / test episodes, per task
     d.split_seed = 0

@@ -10,6 +10,7 @@ width; they are projected to the detector's where the widths differ (7B policy 3
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from histeve_jax.models import qwen2_5_vl
@@ -36,11 +37,27 @@ class DetectorConfig:
     # is already held (mine_dirt(count=3) with two dirt in the hotbar) is done once it has *changed* since
     # the start; the recent frames alone show dirt in the hotbar either way.
     anchor: bool = False
+    # A crop (top, bottom, left, right pixels of the frame at ``image_size``) shown again, ``detail_scale``
+    # times larger, for the query's frame (and the anchor's): the hotbar, where a held item is a few pixels
+    # the policy's tower loses at the frame's scale (README, "Where the information is lost"). None: none.
+    detail: tuple[int, int, int, int] | None = None
+    detail_scale: int = 2
     policy_stride: int = 4  # steps between the policy's own frames (its run's data.stride)
     max_len: int = 160  # the detector prompt's padded length
     policy_max_len: int = 112  # the policy prompt's padded length (the cross-attention's keys)
 
     def __post_init__(self):
+        if self.detail is not None:
+            object.__setattr__(self, "detail", tuple(int(x) for x in self.detail))
+            t, b, l, r = self.detail
+            H, W = self.image_size
+            if not (0 <= t < b <= H and 0 <= l < r <= W) or self.detail_scale < 1:
+                raise ValueError(f"DetectorConfig.detail {self.detail} (top, bottom, left, right) must lie "
+                                 f"in the {H}x{W} frame and detail_scale={self.detail_scale} be >= 1")
+            if any(s % 28 for s in self.detail_size):
+                dh, dw = self.detail_size
+                raise ValueError(f"DetectorConfig.detail {self.detail} at scale {self.detail_scale} is "
+                                 f"{dh}x{dw}; both sides must be multiples of 28")
         n, L = self.cross_attention_every, self.base.text.num_hidden_layers
         if n < 0 or (n and L % n):
             raise ValueError(f"DetectorConfig.cross_attention_every={n} must be 0 or divide the "
@@ -76,6 +93,38 @@ class DetectorConfig:
     def tokens_per_image(self) -> int:
         m = self.policy_vision.spatial_merge_size * self.policy_vision.patch_size
         return (self.image_size[0] // m) * (self.image_size[1] // m)
+
+    @property
+    def detail_size(self) -> tuple[int, int]:
+        """(H, W) of the detail crop as the tower sees it ((0, 0) without one)."""
+        if self.detail is None:
+            return (0, 0)
+        t, b, l, r = self.detail
+        return ((b - t) * self.detail_scale, (r - l) * self.detail_scale)
+
+    @property
+    def detail_tokens(self) -> int:
+        m = self.policy_vision.spatial_merge_size * self.policy_vision.patch_size
+        return (self.detail_size[0] // m) * (self.detail_size[1] // m)
+
+    def detail_offsets(self) -> tuple[int, ...]:
+        """Steps before the query of the frames whose detail crop the detector also reads (after all its
+        frames, in this order): the anchor's (when anchored) and the query's; () without a detail crop."""
+        if self.detail is None:
+            return ()
+        return ((ANCHOR_OFFSET,) if self.anchor else ()) + (0,)
+
+    def image_grids(self) -> tuple[tuple[int, int, int], ...]:
+        """(t, h, w) patch grids of one query's images in prompt order: its frames, then its detail crops."""
+        (h, w), (dh, dw) = self.image_size, self.detail_size
+        p = self.policy_vision.patch_size
+        return (((1, h // p, w // p),) * self.num_frames
+                + ((1, dh // p, dw // p),) * len(self.detail_offsets()))
+
+    def query_patches(self, slots: int) -> int:
+        """Patches in one query's ``pixel_values`` row: ``slots`` frames, then the detail crops."""
+        grids = self.image_grids()
+        return slots * math.prod(grids[0]) + len(self.detail_offsets()) * math.prod(grids[-1])
 
     def frame_offsets(self) -> tuple[int, ...]:
         """Steps before the query of the detector's frames, oldest first (the query itself is 0; with

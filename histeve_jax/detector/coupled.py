@@ -12,7 +12,8 @@ outputs says so again).
 Batch (``CoupledDetector.logits`` / ``detector.loss``); B queries, S frame slots (the union of both
 models' frame offsets, ``frame_slots``), P patches per frame::
 
-    pixel_values        float32 [B, S * P, 1176]  the query's frames, oldest first
+    pixel_values        float32 [B, S * P + D * P', 1176]  the query's frames, oldest first, then the
+                                         detail crops (``DetectorConfig.detail``) of its D detail slots
     input_ids           int32   [B, L]   the detector's prompt (right-padded)
     attention_mask      int32   [B, L]
     policy_input_ids    int32   [B, Lp]  the policy's prompt at the query (right-padded)
@@ -23,6 +24,7 @@ models' frame offsets, ``frame_slots``), P patches per frame::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +66,12 @@ def frame_slots(config: DetectorConfig, policy_frames: int) -> tuple[tuple[int, 
     return union, tuple(union.index(o) for o in det), tuple(union.index(o) for o in pol)
 
 
+def detail_slots(config: DetectorConfig, policy_frames: int) -> tuple[int, ...]:
+    """The frame slots (``frame_slots``' union) whose detail crops the detector reads, in prompt order."""
+    union = frame_slots(config, policy_frames)[0]
+    return tuple(union.index(o) for o in config.detail_offsets())
+
+
 class CoupledDetector(nnx.Module):
     """The frozen policy and the trainable detector (see the module docstring)."""
 
@@ -77,11 +85,13 @@ class CoupledDetector(nnx.Module):
     def config(self) -> DetectorConfig:
         return self.detector.config
 
-    def frame_embeds(self, pixel_values: jax.Array, n_frames: int) -> jax.Array:
-        """The policy's vision tower on ``n_frames`` frames: [n_frames, tokens, policy width]."""
-        pc = self.policy.config
+    def frame_embeds(self, pixel_values: jax.Array, n_frames: int, detail: bool = False) -> jax.Array:
+        """The policy's vision tower on ``n_frames`` frames (``detail``: detail crops):
+        [n_frames, tokens, policy width]."""
+        cfg = self.config
+        grid = cfg.image_grids()[-1 if detail else 0]
         pixels = pixel_values.reshape(-1, pixel_values.shape[-1])
-        out = self.policy.model.visual(pixels, pc.image_grid(n_frames))
+        out = self.policy.model.visual(pixels, (grid,) * n_frames)
         return jax.lax.stop_gradient(out.reshape(n_frames, -1, out.shape[-1]))
 
     def policy_context(self, input_ids: jax.Array, attention_mask: jax.Array, regime: jax.Array,
@@ -94,11 +104,19 @@ class CoupledDetector(nnx.Module):
                                             image_embeds=image_embeds, regime=regime.reshape(B))
         return jax.lax.stop_gradient(h)
 
-    def logits_from_embeds(self, embeds: jax.Array, batch: Mapping[str, Any]) -> jax.Array:
-        """Logits [B, 2] given the frame-slot embeddings [B, S, tokens, policy width] of the batch."""
+    def logits_from_embeds(self, embeds: jax.Array, batch: Mapping[str, Any],
+                           detail: jax.Array | None = None) -> jax.Array:
+        """Logits [B, 2] given the frame-slot embeddings [B, S, tokens, policy width] of the batch and, for
+        a detector with a detail crop, its crops' embeddings [B, D, detail tokens, policy width]."""
         _, det_slots, pol_slots = self.slots
+        B = embeds.shape[0]
         flat = lambda e: e.reshape(-1, e.shape[-1])
-        det_img = flat(embeds[:, jnp.asarray(det_slots)])
+        det_img = embeds[:, jnp.asarray(det_slots)].reshape(B, -1, embeds.shape[-1])
+        if self.config.detail is not None:
+            if detail is None:
+                raise ValueError("CoupledDetector: a detector with a detail crop needs its crops' embeddings")
+            det_img = jnp.concatenate([det_img, detail.reshape(B, -1, detail.shape[-1])], axis=1)
+        det_img = flat(det_img)
         context = mask = None
         if self.config.num_groups:
             pol_img = flat(embeds[:, jnp.asarray(pol_slots)])
@@ -110,6 +128,14 @@ class CoupledDetector(nnx.Module):
     def logits(self, batch: Mapping[str, Any]) -> jax.Array:
         """Logits [B, 2] of a batch (module docstring): frames encoded once, then both models."""
         B = batch["input_ids"].shape[0]
-        S = len(self.slots[0])
-        embeds = self.frame_embeds(batch["pixel_values"], B * S)
-        return self.logits_from_embeds(embeds.reshape(B, S, *embeds.shape[1:]), batch)
+        S, D = len(self.slots[0]), len(self.config.detail_offsets())
+        pixels = batch["pixel_values"]
+        n = S * math.prod(self.config.image_grids()[0])  # the frames' patches in a row; the crops' follow
+        want = self.config.query_patches(S)
+        if pixels.shape[1] != want:
+            raise ValueError(f"CoupledDetector: pixel_values has {pixels.shape[1]} patches per query; the "
+                             f"detector's {S} frames and {D} detail crops have {want}")
+        embeds = self.frame_embeds(pixels[:, :n], B * S)
+        detail = self.frame_embeds(pixels[:, n:], B * D, detail=True) if D else None
+        return self.logits_from_embeds(embeds.reshape(B, S, *embeds.shape[1:]), batch,
+                                       None if detail is None else detail.reshape(B, D, *detail.shape[1:]))

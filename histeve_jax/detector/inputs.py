@@ -24,14 +24,15 @@ from histeve_jax.data.image_processing import (
 from histeve_jax.data.prompts import QwenVLProcessor, observation_messages
 from histeve_jax.data.tokenizer import NUM_TOKENIZER_IDS, PAD_ID, load_qwen_tokenizer
 from histeve_jax.detector.config import DetectorConfig
-from histeve_jax.detector.coupled import frame_slots
+from histeve_jax.detector.coupled import detail_slots, frame_slots
 from histeve_jax.models.qwen2_5_vl import Qwen2_5_VLConfig
 
 DETECTOR_QUESTION = "Has this instruction been completed? Answer yes or no."
 
 
 def detector_messages(frames: Sequence[np.ndarray], instruction: str) -> list[dict[str, Any]]:
-    """The detector's chat messages for one query: its frames, the instruction, the question."""
+    """The detector's chat messages for one query: its images (frames, then any detail crops), the
+    instruction, the question."""
     content: list[dict[str, Any]] = [{"type": "image", "image": f} for f in frames]
     content.append({"type": "text", "text": f"Instruction: {instruction}\n{DETECTOR_QUESTION}"})
     return [{"role": "user", "content": content}]
@@ -56,8 +57,14 @@ class QueryInputs:
     def __init__(self, config: DetectorConfig, policy_config: Any, tokenizer_path: str | None = None):
         self.config, self.policy_config = config, policy_config
         self.slots = frame_slots(config, policy_config.num_frames)
+        self.detail_slots = detail_slots(config, policy_config.num_frames)
         h, w = config.image_size
         self.image_config = VisionPreprocessConfig(min_pixels=h * w, max_pixels=h * w)
+        dh, dw = config.detail_size
+        self.detail_config = VisionPreprocessConfig(min_pixels=dh * dw, max_pixels=dh * dw)
+        # the processor counts each image's tokens at its own size: frames and detail crops both kept
+        areas = (h * w, dh * dw) if config.detail is not None else (h * w,)
+        self._prompt_config = VisionPreprocessConfig(min_pixels=min(areas), max_pixels=max(areas))
         self._tokenizer_path = tokenizer_path
         self._processor: QwenVLProcessor | None = None  # built lazily (grain workers, pickling)
         self._ids: dict[str, tuple[np.ndarray, np.ndarray, int, int]] = {}
@@ -74,16 +81,17 @@ class QueryInputs:
             return self._ids[instruction]
         if self._processor is None:
             self._processor = QwenVLProcessor(load_qwen_tokenizer(self._tokenizer_path),
-                                              image_config=self.image_config)
-        h, w = self.config.image_size
-        blank = np.zeros((h, w, 3), np.uint8)
+                                              image_config=self._prompt_config)
+        blank = np.zeros((*self.config.image_size, 3), np.uint8)
+        details = [np.zeros((*self.config.detail_size, 3), np.uint8)] * len(self.detail_slots)
         out = []
-        for frames, msgs, length, remap, who in (
-            (self.config.num_frames, detector_messages, self.config.max_len, self.detector_ids, "detector"),
-            (self.policy_config.num_frames, observation_messages, self.config.policy_max_len,
+        for images, msgs, length, remap, who in (
+            ([blank] * self.config.num_frames + details, detector_messages, self.config.max_len,
+             self.detector_ids, "detector"),
+            ([blank] * self.policy_config.num_frames, observation_messages, self.config.policy_max_len,
              self.policy_ids, "policy"),
         ):
-            ids = self._processor.from_messages(msgs([blank] * frames, instruction),
+            ids = self._processor.from_messages(msgs(images, instruction),
                                                 add_generation_prompt=True)["input_ids"]
             if len(ids) > length:
                 raise ValueError(f"{who} prompt of {instruction!r} has {len(ids)} tokens > {length} "
@@ -97,12 +105,32 @@ class QueryInputs:
         self._ids[instruction] = (d_ids, p_ids, d_n, p_n)
         return self._ids[instruction]
 
-    def pixels(self, frames: Sequence[np.ndarray]) -> np.ndarray:
-        """Patches [len(frames) * P, 1176] of frames (HxWx3 uint8, resized to the config's image size)."""
+    def _sized(self, frames: Sequence[np.ndarray]) -> list[np.ndarray]:
         h, w = self.config.image_size
         frames = [as_rgb_uint8(f, f"query frame {i}") for i, f in enumerate(frames)]
-        frames = [f if f.shape[:2] == (h, w) else resize_image(f, h, w) for f in frames]
-        return process_images(frames, self.image_config)["pixel_values"].astype(np.float32)
+        return [f if f.shape[:2] == (h, w) else resize_image(f, h, w) for f in frames]
+
+    def pixels(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """Patches [len(frames) * P, 1176] of frames (HxWx3 uint8, resized to the config's image size)."""
+        return process_images(self._sized(frames), self.image_config)["pixel_values"].astype(np.float32)
+
+    def detail_pixels(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """Patches [len(frames) * P', 1176] of frames' detail crops (``DetectorConfig.detail``: cut from the
+        frame at the config's image size, then resized ``detail_scale`` times)."""
+        if self.config.detail is None:
+            raise ValueError("QueryInputs.detail_pixels: the detector has no detail crop "
+                             "(DetectorConfig.detail)")
+        t, b, l, r = self.config.detail
+        dh, dw = self.config.detail_size
+        crops = [resize_image(np.ascontiguousarray(f[t:b, l:r]), dh, dw) for f in self._sized(frames)]
+        return process_images(crops, self.detail_config)["pixel_values"].astype(np.float32)
+
+    def query_pixels(self, frames: Sequence[np.ndarray]) -> np.ndarray:
+        """A query's ``pixel_values``: every slot's frame, then the detail crops of its detail slots."""
+        out = self.pixels(frames)
+        if self.detail_slots:
+            out = np.concatenate([out, self.detail_pixels([frames[i] for i in self.detail_slots])])
+        return out
 
     def prompts(self, instruction: str, regime: int, label: int = -1) -> dict[str, np.ndarray]:
         """The query's arrays other than its pixels."""
@@ -117,4 +145,4 @@ class QueryInputs:
         """One query's arrays from the frames of its slots (oldest first, ``len(self.slots[0])`` of them)."""
         if len(frames) != len(self.slots[0]):
             raise ValueError(f"query: {len(frames)} frames, the detector's slots need {len(self.slots[0])}")
-        return {"pixel_values": self.pixels(frames), **self.prompts(instruction, regime, label)}
+        return {"pixel_values": self.query_pixels(frames), **self.prompts(instruction, regime, label)}

@@ -126,15 +126,16 @@ class Detector(nnx.Module):
         context: jax.Array | None = None,
         context_mask: jax.Array | None = None,
     ) -> jax.Array:
-        """Logits [B, 2] of the detector prompt ``input_ids`` [B, T] whose ``num_frames`` images per row take
-        ``image_embeds`` [B * num_frames * tokens, policy width] (row-major), attending to the policy's
+        """Logits [B, 2] of the detector prompt ``input_ids`` [B, T] whose images per row (``num_frames``
+        frames, then any detail crops: ``DetectorConfig.image_grids``) take ``image_embeds``
+        [B * image tokens per row, policy width] (row-major), attending to the policy's
         ``context`` [B, S, policy width] where ``context_mask`` [B, S] is set."""
         cfg, base = self.config, self.config.base
         B, T = input_ids.shape
         x = self.language_model.embed_tokens(input_ids)
         x = _scatter_rows(x, input_ids == base.image_token_id, self._project(image_embeds, "image_proj"),
                           "detector image")
-        grid = ((1, cfg.image_size[0] // 14, cfg.image_size[1] // 14),) * (B * cfg.num_frames)
+        grid = cfg.image_grids() * B
         pos, _ = get_rope_index(base, input_ids, attention_mask, grid, None, None)
         t = base.text
         cos, sin = mrope_cos_sin(pos, t.head_dim, t.rope_theta, t.mrope_section, base.dtype)

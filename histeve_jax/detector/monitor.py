@@ -134,14 +134,15 @@ class MonitorStep:
     reason: str
 
 
-@nnx.jit
-def _embed_frame(coupled: CoupledDetector, pixels: jax.Array) -> jax.Array:
-    return coupled.frame_embeds(pixels, 1)[0]
+@nnx.jit(static_argnames="detail")
+def _embed_frame(coupled: CoupledDetector, pixels: jax.Array, detail: bool = False) -> jax.Array:
+    return coupled.frame_embeds(pixels, 1, detail=detail)[0]
 
 
 @nnx.jit
-def _query(coupled: CoupledDetector, embeds: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    return completion_probability(coupled.logits_from_embeds(embeds, batch))[0]
+def _query(coupled: CoupledDetector, embeds: jax.Array, batch: dict[str, jax.Array],
+           detail: jax.Array | None) -> jax.Array:
+    return completion_probability(coupled.logits_from_embeds(embeds, batch, detail))[0]
 
 
 class CompletionMonitor:
@@ -157,30 +158,35 @@ class CompletionMonitor:
         self.instruction, self.regime = instruction, int(regime)
         self.step = -1
         # The recent frames the slots reach back to, and the invocation's first (the anchor slot's, and
-        # where every offset clamps): (frame, its embeddings once computed).
+        # where every offset clamps): (frame, {detail crop?: its embeddings} once computed).
         recent = [o for o in self.offsets if o != ANCHOR_OFFSET]
-        self._frames: collections.deque[tuple[np.ndarray, list[Any]]] = collections.deque(
+        self._frames: collections.deque[tuple[np.ndarray, dict[bool, Any]]] = collections.deque(
             maxlen=max(recent, default=0) + 1)
-        self._first: tuple[np.ndarray, list[Any]] | None = None
+        self._first: tuple[np.ndarray, dict[bool, Any]] | None = None
         self._run = 0
         self.curve: list[tuple[int, float]] = []
         self.stopped: MonitorStep | None = None
 
-    def _embeds(self, back: int) -> jax.Array:
-        """The image embeddings of the frame ``back`` steps ago (clamped to the invocation's first frame),
-        computed once."""
+    def _embeds(self, back: int, detail: bool = False) -> jax.Array:
+        """The image embeddings of the frame ``back`` steps ago (clamped to the invocation's first frame;
+        ``detail``: of its detail crop), computed once."""
         i = len(self._frames) - 1 - back
         frame, cache = self._frames[i] if i >= 0 else self._first
-        if not cache:
-            cache.append(_embed_frame(self.coupled, jnp.asarray(self.inputs.pixels([frame]))))
-        return cache[0]
+        if detail not in cache:
+            pixels = (self.inputs.detail_pixels if detail else self.inputs.pixels)([frame])
+            cache[detail] = _embed_frame(self.coupled, jnp.asarray(pixels), detail=detail)
+        return cache[detail]
 
     def probability(self) -> float:
         """The detector's completion probability on the current history (one query)."""
         embeds = jnp.stack([self._embeds(o) for o in self.offsets])[None]
+        detail = None
+        if self.inputs.detail_slots:
+            detail = jnp.stack([self._embeds(self.offsets[i], detail=True)
+                                for i in self.inputs.detail_slots])[None]
         arrays = self.inputs.prompts(self.instruction, self.regime)
         batch = {k: jnp.asarray(v)[None] for k, v in arrays.items()}
-        return float(_query(self.coupled, embeds, batch))
+        return float(_query(self.coupled, embeds, batch, detail))
 
     def observe(self, frame: np.ndarray, info: dict | None = None) -> MonitorStep:
         """Add the frame of the next step; query if it is a query step; say whether the invocation ends."""
@@ -189,7 +195,7 @@ class CompletionMonitor:
         self.step += 1
         if info is not None and "is_gui_open" in info:
             self.regime = int(bool(info["is_gui_open"]))
-        self._frames.append((np.asarray(frame), []))
+        self._frames.append((np.asarray(frame), {}))
         if self._first is None:
             self._first = self._frames[0]
         o = self.options

@@ -29,8 +29,7 @@ def abstract_batch(config: DetectorConfig, policy_config: PolicyConfig, batch_si
     """ShapeDtypeStructs of one global detector batch (``coupled`` module docstring)."""
     s, B = jax.ShapeDtypeStruct, batch_size
     S = len(frame_slots(config, policy_config.num_frames)[0])
-    P = policy_config.patches_per_image
-    return {"pixel_values": s((B, S * P, policy_config.base.vision.patch_dim), jnp.float32),
+    return {"pixel_values": s((B, config.query_patches(S), policy_config.base.vision.patch_dim), jnp.float32),
             "input_ids": s((B, config.max_len), jnp.int32),
             "attention_mask": s((B, config.max_len), jnp.int32),
             "policy_input_ids": s((B, config.policy_max_len), jnp.int32),

@@ -34,7 +34,7 @@ from flax import nnx
 
 from histeve_jax.detector import prune
 from histeve_jax.detector.config import DetectorConfig
-from histeve_jax.detector.coupled import Frozen, frame_slots
+from histeve_jax.detector.coupled import Frozen, detail_slots, frame_slots
 from histeve_jax.detector.inputs import DETECTOR_QUESTION
 from histeve_jax.detector.model import Detector
 from histeve_jax.export import hf_tensors
@@ -192,7 +192,9 @@ def detector_hf_config(run: DetectorRun, policy_config: Any, *, dtype: str,
         "num_frames": config.num_frames,
         "policy_num_frames": int(policy_config.num_frames),
         "image_size": list(config.image_size),
-        "frame_slots": {"offsets": list(union), "detector": list(det), "policy": list(pol)},
+        "frame_slots": {"offsets": list(union), "detector": list(det), "policy": list(pol),
+                        "detail": list(detail_slots(config, policy_config.num_frames))},
+        "detail_size": list(config.detail_size) if config.detail is not None else None,
         "histeve": {"source": source, "threshold": run.threshold, "question": DETECTOR_QUESTION,
                     "detector_config": json.loads(json.dumps(prune.config_to_dict(config), default=str))},
     })

@@ -14,7 +14,9 @@ it imports only torch and transformers (no JAX, nothing from histeve_jax). It is
   merge size: frames are encoded by the policy's tower) plus ``policy_hidden_size``,
   ``cross_attention_every``, ``num_frames``, ``image_size`` and ``frame_slots`` (the query's frame slots
   as steps before the query, each clamped to the invocation's first step, so the offset 1000000 of an
-  anchored detector is that first frame; and which of them each model reads).
+  anchored detector is that first frame; and which of them each model reads), and ``detail_size``
+  (``[H, W]`` of the detail crops the detector also reads, after its frames: of the slots
+  ``frame_slots["detail"]``, cut and resized by the caller; ``pixel_values`` holds them after the frames).
 * ``HiSteveDetector``: transformers' ``Qwen2_5_VLTextModel`` (embedding, decoder layers, M-RoPE rotary
   embedding, final norm) run layer by layer with a ``HiSteveCrossAttention`` block after every n-th layer;
   image embeddings and the policy's states projected to its width where the widths differ; the last real
@@ -54,7 +56,9 @@ class HiSteveDetectorConfig(Qwen2_5_VLConfig):
     num_frames: int = 4
     policy_num_frames: int = 2
     image_size: list | None = None  # [H, W] of every frame
-    frame_slots: dict | None = None  # {"offsets": [...], "detector": [slot, ...], "policy": [slot, ...]}
+    # {"offsets": [...], "detector": [slot, ...], "policy": [slot, ...], "detail": [slot, ...]}
+    frame_slots: dict | None = None
+    detail_size: list | None = None  # [H, W] of each detail crop; None: the detector reads none
     histeve: dict | None = None
 
 
@@ -84,6 +88,16 @@ class HiSteveCrossAttention(nn.Module):
         s = s.masked_fill(~context_mask.bool()[:, None, None, :], torch.finfo(torch.float32).min)
         o = torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v)
         return z + self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+def image_grids(config: HiSteveDetectorConfig) -> list[list[int]]:
+    """[t, h, w] patch grids of one query's images in prompt order: its frames, then its detail crops."""
+    (h, w), p = config.image_size, config.vision_config.patch_size
+    out = [[1, h // p, w // p]] * config.num_frames
+    if config.detail_size:
+        dh, dw = config.detail_size
+        out += [[1, dh // p, dw // p]] * len(config.frame_slots.get("detail", []))
+    return out
 
 
 def last_token(h: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -128,8 +142,9 @@ class HiSteveDetector(Qwen2_5_VLPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor, image_embeds: torch.Tensor,
                 context: torch.Tensor | None = None,
                 context_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, 2] of the detector prompt ``input_ids`` [B, T] whose ``num_frames`` images per row take
-        ``image_embeds`` [B * num_frames * tokens, policy width] (row-major), attending to the policy's
+        """Logits [B, 2] of the detector prompt ``input_ids`` [B, T] whose images per row (``num_frames``
+        frames, then any detail crops) take ``image_embeds`` [B * image tokens per row, policy width]
+        (row-major), attending to the policy's
         ``context`` [B, S, policy width] where ``context_mask`` [B, S] is 1."""
         cfg, lm = self.config, self.language_model
         B = input_ids.shape[0]
@@ -140,8 +155,7 @@ class HiSteveDetector(Qwen2_5_VLPreTrainedModel):
             raise ValueError(f"HiSTEVE detector: {int(is_image.sum())} image tokens in input_ids but "
                              f"{rows.shape[0]} image embeddings")
         x = x.masked_scatter(is_image[..., None], rows)
-        h, w = cfg.image_size
-        grid = torch.tensor([[1, h // 14, w // 14]] * (B * cfg.num_frames), device=input_ids.device)
+        grid = torch.tensor(image_grids(cfg) * B, device=input_ids.device)
         positions, _ = self.get_rope_index(input_ids, is_image.to(torch.int32), image_grid_thw=grid,
                                            attention_mask=attention_mask)
         rope = lm.rotary_emb(x, positions)
@@ -173,15 +187,16 @@ class HiSteveCoupledDetector(nn.Module):
                              f"width {detector.config.policy_hidden_size}")
         self.policy, self.detector = policy, detector
 
-    def _grid(self, n: int, device: torch.device) -> torch.Tensor:
-        h, w = self.detector.config.image_size
-        return torch.tensor([[1, h // 14, w // 14]] * n, device=device)
+    def _grid(self, n: int, device: torch.device, detail: bool = False) -> torch.Tensor:
+        grids = image_grids(self.detector.config)
+        return torch.tensor([grids[-1 if detail else 0]] * n, device=device)
 
-    def frame_embeds(self, pixel_values: torch.Tensor, n_frames: int) -> torch.Tensor:
-        """The policy's vision tower on ``n_frames`` frames: [n_frames, tokens, policy width]."""
+    def frame_embeds(self, pixel_values: torch.Tensor, n_frames: int, detail: bool = False) -> torch.Tensor:
+        """The policy's vision tower on ``n_frames`` frames (``detail``: detail crops):
+        [n_frames, tokens, policy width]."""
         visual = self.policy.model.visual
         pixels = pixel_values.reshape(-1, pixel_values.shape[-1]).to(visual.dtype)
-        out = visual(pixels, grid_thw=self._grid(n_frames, pixels.device)).pooler_output
+        out = visual(pixels, grid_thw=self._grid(n_frames, pixels.device, detail)).pooler_output
         return out.reshape(n_frames, -1, out.shape[-1])
 
     def policy_context(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, regime: torch.Tensor,
@@ -199,14 +214,24 @@ class HiSteveCoupledDetector(nn.Module):
     def logits(self, pixel_values: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                policy_input_ids: torch.Tensor, policy_attention_mask: torch.Tensor,
                regime: torch.Tensor) -> torch.Tensor:
-        """Logits [B, 2]: pixel_values [B, slots * patches, 1176], the detector's prompt [B, L], the
-        policy's [B, Lp] and its regime [B] (0 NG, 1 GUI)."""
-        slots = self.detector.config.frame_slots
-        B, S = input_ids.shape[0], len(slots["offsets"])
-        embeds = self.frame_embeds(pixel_values, B * S)
+        """Logits [B, 2]: pixel_values [B, slots * patches (+ detail crops * their patches), 1176], the
+        detector's prompt [B, L], the policy's [B, Lp] and its regime [B] (0 NG, 1 GUI)."""
+        cfg = self.detector.config
+        slots, grids = cfg.frame_slots, image_grids(cfg)
+        B, S, D = input_ids.shape[0], len(slots["offsets"]), len(slots.get("detail", []))
+        n = S * grids[0][1] * grids[0][2]
+        want = n + D * grids[-1][1] * grids[-1][2]
+        if pixel_values.shape[1] != want:
+            raise ValueError(f"HiSTEVE detector: pixel_values has {pixel_values.shape[1]} patches per query; "
+                             f"the detector's {S} frames and {D} detail crops have {want}")
+        embeds = self.frame_embeds(pixel_values[:, :n], B * S)
         embeds = embeds.reshape(B, S, *embeds.shape[1:])
         flat = lambda e: e.reshape(-1, e.shape[-1])
-        det_img = flat(embeds[:, slots["detector"]])
+        det_img = embeds[:, slots["detector"]].reshape(B, -1, embeds.shape[-1])
+        if D:
+            detail = self.frame_embeds(pixel_values[:, n:], B * D, detail=True)
+            det_img = torch.cat([det_img, detail.reshape(B, -1, detail.shape[-1])], dim=1)
+        det_img = flat(det_img)
         context = mask = None
         if self.detector.cross:
             pol_img = flat(embeds[:, slots["policy"]])
