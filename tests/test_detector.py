@@ -292,7 +292,7 @@ def test_a_detail_crop_is_the_towers_view_of_the_crop_read_after_the_frames(prun
         coupled.logits(bad)
 
 
-def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens(tmp_path):
+def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens_and_its_keys_reach_the_run(tmp_path):
     import json
 
     from experiments import agent
@@ -303,8 +303,10 @@ def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens(tmp_path)
     pc = policy_tiny(history_frames=1, image_size=(112, 196))
     c = get_config()
     plain = template_of(agent.detector_config(c, str(tmp_path)), pc)
-    c.detector_anchor, c.detector_detail = True, "84,112,14,154"
+    assert agent.detector_config(c, str(tmp_path)).detector.subtasks  # the expert's phases as units
+    c.detector_anchor, c.detector_detail, c.detector_subtasks = True, "84,112,14,154", False
     d = agent.detector_config(c, str(tmp_path))
+    assert not d.detector.subtasks
     config = template_of(d, pc)
     assert config.detail == (84, 112, 14, 154) and config.detail_size == (56, 280)
     # each image with its vision start and end tokens

@@ -39,6 +39,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 0/6 against 3/6 without, its loop threshold 0.97 against 0.93)
     c.detector_rollout_task_episodes = ""
     c.detector_per_unit = 8  # queries per unit and class (3: the detector barely learnt in 1000 steps)
+    # Training units: each subtask and its expert's phases (aim, dig, ...) as instructions of their own
+    # (True), or the subtasks only (False), which the loop asks
+    c.detector_subtasks = True
     # 3000 with 8 queries a unit: row 1 3/6 on validation seeds, 1/6 at 1000 with 3 (300: test F1 0.77 and
     # invocations ended at their second query in the loop)
     c.detector_steps = 3000
