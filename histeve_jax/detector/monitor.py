@@ -3,7 +3,8 @@ budget.
 
 ``CompletionMonitor`` keeps the invocation's rolling frame history; every ``every`` steps it queries the
 coupled detector on the frames of its slots (each frame's image embeddings computed once, by the policy's
-vision tower, when a query first needs it, then reused by later queries and by both models) and records
+vision tower, when a query first needs it, then reused by later queries and by both models; so is the
+embedding of its detail crop, ``DetectorConfig.detail``, for the frames that have one) and records
 the probability. It signals a candidate completion when ``consecutive`` queries in a row are over the
 threshold (``first_signal`` is the rule on a probability sequence), and returns control when the budget
 of steps is spent. ``loop_stops`` counts how replayed episodes would end under the rule at a threshold, and
