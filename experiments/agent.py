@@ -81,7 +81,7 @@ def policy_run(c: Any, workdir: str) -> str:
 def detector_config(c: Any, policy: str) -> Any:
     """``experiments/configs/detector.py:tiny`` beside ``policy``: the subtasks' expert episodes."""
     from experiments.configs.detector import get_config
-    from experiments.detector import parse_crop
+    from histeve_jax.data.image_processing import parse_crop
 
     d = get_config("tiny")
     with open(os.path.join(policy, "config.json")) as f:
@@ -99,7 +99,7 @@ def detector_config(c: Any, policy: str) -> Any:
     frame_tokens = (image_size[0] // 28) * (image_size[1] // 28) + 2
     d.detector.max_len = c.detector_max_len + frame_tokens * bool(c.detector_anchor)
     d.detector.detail, d.detector.detail_scale = c.detector_detail, c.detector_detail_scale
-    crop = parse_crop(c.detector_detail)
+    crop = parse_crop(c.detector_detail, "detector_detail")
     if crop is not None:
         t, b, l, r = crop
         s = c.detector_detail_scale

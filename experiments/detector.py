@@ -45,28 +45,16 @@ def policy_of(cfg: Any) -> tuple[Any, Any, int]:
     return tiny_config(history_frames=1, image_size=tuple(t.data.image_size)), None, 4
 
 
-def parse_crop(text: str) -> tuple[int, int, int, int] | None:
-    """``"top,bottom,left,right"`` -> the crop's four ints; "" -> None."""
-    if not str(text).strip():
-        return None
-    parts = str(text).split(",")
-    try:
-        if len(parts) != 4:
-            raise ValueError
-        return tuple(int(x) for x in parts)  # type: ignore[return-value]
-    except ValueError:
-        raise ValueError(f"detector.detail={text!r}: want 'top,bottom,left,right' (4 ints) or ''") from None
-
-
 def template_of(cfg: Any, policy_config: Any, cross_attention_every: int | None = None) -> Any:
     """The detector config (its base is replaced by the pruned Hugging Face shape)."""
+    from histeve_jax.data.image_processing import parse_crop
     from histeve_jax.detector.config import DetectorConfig, qwen3b_config, tiny_base
 
     d = cfg.detector
     kw = dict(cross_attention_every=d.cross_attention_every if cross_attention_every is None
               else cross_attention_every, history_frames=d.history_frames, stride=d.stride,
-              anchor=bool(d.anchor), detail=parse_crop(d.detail), detail_scale=int(d.detail_scale),
-              max_len=d.max_len, policy_max_len=d.policy_max_len)
+              anchor=bool(d.anchor), detail=parse_crop(d.detail, "detector.detail"),
+              detail_scale=int(d.detail_scale), max_len=d.max_len, policy_max_len=d.policy_max_len)
     if cfg.variant == "qwen3b":
         return qwen3b_config(d.ffn_keep, d.multiple_of, **kw)
     pc = policy_config.model_config

@@ -21,6 +21,7 @@ import argparse
 
 from flax import nnx
 
+from histeve_jax.data.image_processing import parse_crop
 from histeve_jax.eval import frame_probe, inventory_probe
 from histeve_jax.eval.policy_agent import _run_config, load_run
 from histeve_jax.policy import Policy
@@ -48,9 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     if a.inventory_item:
         if not (a.task and a.eval_records):
             p.error("--inventory_item needs --task and --eval_records")
-        crop = tuple(int(v) for v in a.crop.split(",")) if a.crop else None
-        if crop is not None and len(crop) != 4:
-            p.error(f"--crop={a.crop}: four pixels, top,bottom,left,right")
+        try:
+            crop = parse_crop(a.crop, "--crop")
+        except ValueError as e:
+            p.error(str(e))
         got = inventory_probe.run_probe(policy, a.records.split(","), a.eval_records.split(","), a.task,
                                         a.inventory_item, crop=crop, scale=a.scale)
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in got.items()))

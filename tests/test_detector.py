@@ -244,6 +244,7 @@ def test_the_anchor_slot_reads_the_invocations_first_frame_after_the_history_has
 def test_a_detail_crop_is_the_towers_view_of_the_crop_read_after_the_frames(pruned):
     import json
 
+    from histeve_jax.data.image_processing import resize_image
     from histeve_jax.eval.inventory_probe import crop_frames, tower_features
 
     config = pruned[0].config.replace(anchor=True, detail=(28, 56, 0, 56), detail_scale=2)
@@ -260,7 +261,9 @@ def test_a_detail_crop_is_the_towers_view_of_the_crop_read_after_the_frames(prun
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (56, 56, 3), dtype=np.uint8) for _ in range(20)]
     # The crop's embeddings are the policy's tower on the crop resized twice (the inventory probe's path).
-    want = tower_features(coupled.policy, crop_frames(frames[:1], (28, 56, 0, 56), 2))[0]
+    (crop,) = crop_frames(frames[:1], (28, 56, 0, 56), 2)
+    np.testing.assert_array_equal(crop, resize_image(np.ascontiguousarray(frames[0][28:]), 56, 112))
+    want = tower_features(coupled.policy, [crop])[0]
     got = coupled.frame_embeds(jnp.asarray(inputs.detail_pixels(frames[:1])), 1, detail=True)[0]
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
     # The prompt holds 5 frames of 4 tokens, then 2 crops of 8; pixel_values the crops' patches after.
@@ -297,7 +300,8 @@ def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens_and_its_k
 
     from experiments import agent
     from experiments.configs.agent import get_config
-    from experiments.detector import parse_crop, template_of
+    from experiments.detector import template_of
+    from histeve_jax.data.image_processing import parse_crop
 
     (tmp_path / "config.json").write_text(json.dumps({"data": {"image_size": [112, 196]}}))
     pc = policy_tiny(history_frames=1, image_size=(112, 196))
@@ -319,7 +323,7 @@ def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens_and_its_k
     assert b["attention_mask"].sum() - a["attention_mask"].sum() == config.max_len - plain.max_len
     assert parse_crop("") is None
     with pytest.raises(ValueError, match=r"detector.detail='84,112,14'"):
-        parse_crop("84,112,14")
+        parse_crop("84,112,14", "detector.detail")
 
 
 def test_the_loop_replays_begin_again_at_each_resume_unit(coupled, pruned, tmp_path):

@@ -104,6 +104,29 @@ def resize_image(image_hwc: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(Image.fromarray(image_hwc).resize((width, height), resample=Image.BICUBIC))
 
 
+Crop = tuple[int, int, int, int]  # (top, bottom, left, right) pixels
+
+
+def crop_image(image_hwc: np.ndarray, crop: Crop, scale: float = 1.0) -> np.ndarray:
+    """``crop`` of an [H, W, 3] uint8 image, resized (``resize_image``) ``scale`` times."""
+    t, b, l, r = crop
+    return resize_image(np.ascontiguousarray(image_hwc[t:b, l:r]), round((b - t) * scale),
+                        round((r - l) * scale))
+
+
+def parse_crop(text: str, name: str = "crop") -> Crop | None:
+    """``"top,bottom,left,right"`` -> the crop's four ints; "" -> None; else an error naming ``name``."""
+    if not str(text).strip():
+        return None
+    parts = str(text).split(",")
+    try:
+        if len(parts) != 4:
+            raise ValueError
+        return tuple(int(x) for x in parts)  # type: ignore[return-value]
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: want 'top,bottom,left,right' (4 ints) or ''") from None
+
+
 _LUT_CACHE: dict[tuple, np.ndarray] = {}
 
 

@@ -18,6 +18,7 @@ from histeve_jax.data import pipeline
 from histeve_jax.data.image_processing import (
     VisionPreprocessConfig,
     as_rgb_uint8,
+    crop_image,
     process_images,
     resize_image,
 )
@@ -120,9 +121,7 @@ class QueryInputs:
         if self.config.detail is None:
             raise ValueError("QueryInputs.detail_pixels: the detector has no detail crop "
                              "(DetectorConfig.detail)")
-        t, b, l, r = self.config.detail
-        dh, dw = self.config.detail_size
-        crops = [resize_image(np.ascontiguousarray(f[t:b, l:r]), dh, dw) for f in self._sized(frames)]
+        crops = [crop_image(f, self.config.detail, self.config.detail_scale) for f in self._sized(frames)]
         return process_images(crops, self.detail_config)["pixel_values"].astype(np.float32)
 
     def query_pixels(self, frames: Sequence[np.ndarray]) -> np.ndarray:

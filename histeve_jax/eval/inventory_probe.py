@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from histeve_jax.data import records as R
-from histeve_jax.data.image_processing import VisionPreprocessConfig, process_images, resize_image
+from histeve_jax.data.image_processing import VisionPreprocessConfig, crop_image, process_images
 
 
 def labelled_frames(directories: Sequence[str], task: str, item: str,
@@ -55,7 +55,7 @@ def crop_frames(frames: Sequence[np.ndarray], crop: tuple[int, int, int, int] | 
         if h <= 0 or w <= 0 or h % 28 or w % 28:
             raise ValueError(f"inventory probe: crop {crop} at scale {scale} is {h}x{w}; both sides must be "
                              f"positive multiples of 28")
-        out.append(resize_image(np.ascontiguousarray(f[t:b, l:r]), h, w))
+        out.append(crop_image(f, (t, b, l, r), scale))
     return out
 
 
