@@ -9,7 +9,8 @@ Stages (each skipped when ``--config.reuse`` names a workdir where it finished, 
 1. the policy: ``experiments.imitation --config=...:pickaxe`` (record, train, evaluate) under ``policy/``;
 2. the detector: ``experiments.detector`` beside that policy (expert episodes of the long-horizon tasks'
    subtasks recorded past success, and the policy's own rollouts of them on training seeds, played on past
-   success), with its loop threshold, under ``detector/``;
+   success; with ``detector_harness_episodes``, also its own invocations through the harness), with its
+   loop threshold, under ``detector/``;
 3. the long-horizon suite (``harness.suite``) with injected failures, four rows: (1) ``agent``: planner +
    harness + policy, invocations ended by the detector; (2) ``privileged``: the same, ended by the
    privileged check; (3) ``goal_only``: the policy given only the final goal; (4) ``expert``: the scripted
@@ -117,6 +118,11 @@ def detector_config(c: Any, policy: str) -> Any:
         d.detector.rollout_temperature = c.play.temperature
         d.detector.rollout_top_p = c.play.top_p
         d.detector.eval_records = ""
+    if c.detector_harness_episodes:
+        d.detector.harness_episodes = c.detector_harness_episodes
+        d.detector.harness_tasks = tuple(c.play.tasks)
+        d.detector.harness_max_steps = c.play.policy_max_steps
+        d.detector.rollout_temperature, d.detector.rollout_top_p = c.play.temperature, c.play.top_p
     return d
 
 

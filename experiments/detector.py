@@ -4,8 +4,9 @@
     python -m experiments.detector --config.detector.records=/tmp/det_rec/records --workdir=/tmp/det
     python -m experiments.detector --config=experiments/configs/detector.py:qwen3b --plan
 
-The run: expert records (given, or recorded from Luanti), the policy's closed-loop evaluation episodes
-and (``detector.rollout_episodes``) its own rollouts played on past success are split by episode into
+The run: expert records (given, or recorded from Luanti), the policy's closed-loop evaluation episodes,
+(``detector.rollout_episodes``) its own rollouts played on past success and (``detector.harness_episodes``)
+its own invocations through the harness, each a unit from its own start, are split by episode into
 train / validation / test; a Hugging Face Qwen2.5-VL directory (tiny: a random 3B-style one written here)
 is FFN-pruned into the detector; the shared train loop trains it beside the frozen policy; the threshold
 is calibrated on validation (best F1), the loop's threshold on the validation episodes' replays
@@ -89,7 +90,7 @@ def source_records(cfg: Any, workdir: str) -> list[str]:
     evald = os.path.join(d.policy, "eval", "records", "policy") if d.eval_records == "auto" and d.policy \
         else d.eval_records if d.eval_records != "auto" else ""
     dirs += [x for x in dir_list(evald) if os.path.isdir(x)]
-    return dirs + policy_rollouts(cfg, workdir)
+    return dirs + policy_rollouts(cfg, workdir) + harness_rollouts(cfg, workdir)
 
 
 def policy_rollouts(cfg: Any, workdir: str) -> list[str]:
@@ -124,6 +125,30 @@ def policy_rollouts(cfg: Any, workdir: str) -> list[str]:
             subprocess.run(cmd, check=True, cwd=_REPO, timeout=3600)
         dirs.append(os.path.join(out, "records", "policy"))
     return dirs
+
+
+def harness_rollouts(cfg: Any, workdir: str) -> list[str]:
+    """The policy's own invocations through the harness (``harness_episodes`` per harness task; none when
+    0): ``experiments.longhorizon`` with the privileged check held ``harness_after`` steps past each
+    subtask's completion, records labelled per invocation, under ``workdir/harness``; their records'
+    directory. Made once: a finished suite (its ``summary.json``) is reused, one cut off resumes."""
+    d = cfg.detector
+    if d.harness_episodes <= 0:
+        return []
+    if not d.policy:
+        raise ValueError("detector.harness_episodes needs detector.policy (whose invocations they are)")
+    out = os.path.join(workdir, "harness")
+    if not os.path.exists(os.path.join(out, "summary.json")):
+        cmd = [sys.executable, "-m", "experiments.longhorizon", f"--config={_CONFIGS}/longhorizon.py:tiny",
+               f"--config.policy={d.policy}", f"--config.tasks={tuple(d.harness_tasks)!r}",
+               "--config.executors=('policy',)", f"--config.episodes={d.harness_episodes}",
+               f"--config.seed={d.harness_seed}", f"--config.policy_max_steps={d.harness_max_steps}",
+               "--config.completion=privileged", f"--config.privileged_after={d.harness_after}",
+               "--config.goal_only=False", "--config.unit_steps=True", "--config.records=True",
+               "--config.resume=True", f"--config.temperature={d.rollout_temperature}",
+               f"--config.top_p={d.rollout_top_p}", "--config.reports=0", f"--config.out_dir={out}"]
+        subprocess.run(cmd, check=True, cwd=_REPO, timeout=4 * 3600)
+    return [os.path.join(out, "records", "policy")]
 
 
 def pruned_detector(cfg: Any, template: Any, workdir: str) -> tuple[str, Any]:
@@ -262,12 +287,13 @@ def loop_summary(stops: dict) -> dict:
 
 def loop_curves(cfg: Any, report: dict, split_dir: str, module: Any = None,
                 with_tasks: bool = False) -> Any:
-    """Each episode of ``split_dir`` replayed frame by frame through ``CompletionMonitor`` on its task (a
-    query every ``monitor_every`` steps, never stopping): (query steps, probabilities, the first step whose
-    privileged check holds, None when it never does); with ``detector.loop_resume_units``, also replayed from
-    each of its resume units' first steps (``detector.data.resume_units``; the steps counted from there,
-    done where its product's count next rises). ``module``: the trained detector (else the report's run is
-    restored). ``with_tasks``: (the curves, each one's task id)."""
+    """Each episode of ``split_dir`` replayed frame by frame through ``CompletionMonitor`` (a query every
+    ``monitor_every`` steps, never stopping) as ``detector.data.replays`` says: on its task from its first
+    step, with ``detector.loop_resume_units`` also from each of its resume units' first steps, and a harness
+    episode's each invocation from its own first step to its last: (query steps, probabilities, the step
+    whose check first holds, counted from the replay's start, None when it never does). ``module``: the
+    trained detector (else the report's run is restored). ``with_tasks``: (the curves, each one's task id:
+    an invocation's atomic task)."""
     from histeve_jax.data import records as R
     from histeve_jax.detector import data as data_lib
     from histeve_jax.detector.inputs import QueryInputs
@@ -291,19 +317,15 @@ def loop_curves(cfg: Any, report: dict, split_dir: str, module: Any = None,
     out, tasks = [], []
     for eid in sorted(episodes):
         recs = episodes[eid]
-        done = [r.step for r in recs if r.completed == 1]
-        starts = [(0, done[0] if done else None)]
-        if d.loop_resume_units:
-            units = data_lib.resume_units([data_lib.step_of(r, i) for i, r in enumerate(recs)])
-            starts += [(u.start, u.positives[0] - u.start) for u in units]  # each ends at a rise
         frames = [R.decode_frame(r.frame) for r in recs]
-        for a, first_done in starts:
-            monitor.reset(recs[a].instruction, int(recs[a].is_gui_open))
-            for r, frame in zip(recs[a:], frames[a:], strict=True):
+        for rp in data_lib.replays([data_lib.step_of(r, i) for i, r in enumerate(recs)],
+                                   resume=bool(d.loop_resume_units)):
+            monitor.reset(rp.instruction, int(recs[rp.start].is_gui_open))
+            for r, frame in zip(recs[rp.start:rp.end], frames[rp.start:rp.end], strict=True):
                 # the record's regime, as the env's info gives it in the loop (the RS-Norm row of the query)
                 monitor.observe(frame, {"is_gui_open": r.is_gui_open})
-            out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], first_done))
-            tasks.append(recs[0].task_id)
+            out.append(([s for s, _ in monitor.curve], [p for _, p in monitor.curve], rp.done))
+            tasks.append(rp.task)
     return (out, tasks) if with_tasks else out
 
 

@@ -8,6 +8,10 @@ policy given only the final goal).
 With a detector run the policy's invocations end by the trained detector (queried every
 ``detector_every`` steps, two consecutive queries at or over its run's loop threshold);
 ``--config.completion=privileged`` ends them by the privileged check instead, ``both`` plays a row each.
+``--config.records=True`` also writes each episode's records, a harness row's labelled per invocation
+(``HarnessAgent.label_records``), and ``--config.privileged_after=k`` lets the policy act k steps past each
+subtask's completion before the privileged check ends it: the completion detector's harness episodes
+(``experiments.detector --config.detector.harness_episodes``).
 
 The last line: ``goal_success_expert=<a> progress_expert=<b> goal_success_policy=<c> progress_policy=<d>``.
 """
@@ -49,7 +53,8 @@ def main(argv: list[str]) -> None:
                          policy_max_steps=c.policy_max_steps, obs_size=tuple(c.obs_size), out_dir=c.out_dir,
                          reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)),
                          detector=c.detector, detector_every=c.detector_every, completion=c.completion,
-                         goal_only=c.goal_only, resume=c.resume)
+                         goal_only=c.goal_only, resume=c.resume, records=c.records,
+                         privileged_after=c.privileged_after)
         planner = make_planner(c)
         summary = run_suite(spec, planner, on_episode=lambda r: print(_row(r), flush=True))
     except (ValueError, FileNotFoundError) as e:  # bad input: one line naming it

@@ -321,6 +321,11 @@ def test_the_agents_detail_crop_grows_the_prompt_by_exactly_its_tokens_and_its_k
     images = lambda arr, x: int((arr["input_ids"] == x.base.image_token_id).sum())
     assert images(a, plain) == 4 * 28 and images(b, config) == 5 * 28 + 2 * 20
     assert b["attention_mask"].sum() - a["attention_mask"].sum() == config.max_len - plain.max_len
+    assert d.detector.harness_episodes == 0  # the harness's own invocations: off unless asked
+    c.detector_harness_episodes, c.play.temperature, c.play.policy_max_steps = 6, 0.5, 900
+    d = agent.detector_config(c, str(tmp_path)).detector
+    assert (d.harness_episodes, d.harness_tasks, d.harness_max_steps, d.rollout_temperature) == (
+        6, tuple(c.play.tasks), 900, 0.5)
     assert parse_crop("") is None
     with pytest.raises(ValueError, match=r"detector.detail='84,112,14'"):
         parse_crop("84,112,14", "detector.detail")
@@ -351,6 +356,79 @@ def test_the_loop_replays_begin_again_at_each_resume_unit(coupled, pruned, tmp_p
         monitor.observe(R.decode_frame(R.encode_frame(np.full((56, 56, 3), 25 * i, np.uint8))))
     assert got[2][1] == pytest.approx([p for _, p in monitor.curve], abs=1e-6)
     assert got[2][1] != pytest.approx(got[0][1][:2], abs=1e-4)  # not the replay from the episode's start
+
+
+def test_a_harness_episode_is_one_unit_per_invocation_replayed_from_its_own_start(coupled, pruned, tmp_path):
+    """Records labelled by ``HarnessAgent.label_records``: each invocation is a unit on the instruction its
+    executor was told, negative where its check did not hold and positive where it did, its frames clamped
+    to its own first step; the loop replays each from its first step to its last, held to its atomic task;
+    no unit of the episode's goal; the suite writes an episode's records as their own shard, replacing
+    those of an earlier play of the same episode."""
+    from experiments import detector as detector_exp
+    from histeve_jax.harness.suite import write_records
+
+    # invocations: 0 mine_log (steps 0-3, the log at 2, played on), 1 craft_planks (4-6, never done), the
+    # last record (7) has no harness label (the frame after the last action)
+    spans = [(0, "chop a tree", "mine_log", [0, 0, 1, 1]), (1, "craft planks", "craft_planks", [0, 0, 0])]
+    labels = [dict(invocation=k, instruction=text, task=task, subtask=f"{task}()", check=c)
+              for k, text, task, checks in spans for c in checks]
+
+    def episode(eid, shift=0):
+        return [R.StepRecord(
+            episode_id=eid, step=i, task_id="wooden_pickaxe", kind="eval", instruction="make a pickaxe",
+            frame=R.encode_frame(np.full((56, 56, 3), 25 * i + shift, np.uint8)), action={"camera": [0, 0]},
+            is_gui_open=i >= 5, completed=0, metadata={"harness": labels[i]} if i < len(labels) else {})
+            for i in range(8)]
+
+    first = write_records(str(tmp_path), "policy", "wooden_pickaxe-6000", episode("old", 3))
+    path = write_records(str(tmp_path), "policy", "wooden_pickaxe-6000", episode("e"))  # played again
+    assert path == first and R.shard_paths(tmp_path / "records" / "policy") == [path]
+    shards, episodes = data_lib.read_steps(str(tmp_path / "records" / "policy"))
+    assert list(episodes) == ["e"]
+    steps = episodes["e"]
+    units = data_lib.episode_units(steps, post_window=2, resume=True)
+    assert [(u.instruction, u.start, u.negatives, u.positives) for u in units] == [
+        ("chop a tree", 0, (0, 1), (2, 3)), ("craft planks", 4, (4, 5, 6), ())]
+    qs = data_lib.sample_queries(episodes, (ANCHOR_OFFSET, 2, 0), per_unit=8)
+    # both positives (steps 2, 3), two of the five negatives; slots clamped to the invocation's first step
+    assert sorted((q.step, q.instruction) for q in qs if q.label) == [(2, "chop a tree"), (3, "chop a tree")]
+    assert len(qs) == 4
+    for q in qs:
+        start, text = (0, "chop a tree") if q.step < 4 else (4, "craft planks")
+        assert q.instruction == text and q.frames == (start, max(q.step - 2, start), q.step), q
+    cfg = detector_configs.get_config("tiny")
+    cfg.train.data.image_size, cfg.detector.monitor_every = (56, 56), 2
+    report = {"pruned_dir": pruned[2], "run_dir": str(tmp_path / "run")}
+    got, tasks = detector_exp.loop_curves(cfg, report, str(tmp_path / "records" / "policy"), coupled,
+                                          with_tasks=True)
+    assert tasks == ["mine_log", "craft_planks"]
+    assert [(q, done) for q, _, done in got] == [([1, 3], 2), ([1], None)]
+    monitor = CompletionMonitor(coupled, QueryInputs(coupled.config, POLICY),
+                                MonitorOptions(threshold=2.0, every=2))
+    monitor.reset("craft planks", 0)
+    for i in range(4, 7):
+        monitor.observe(R.decode_frame(R.encode_frame(np.full((56, 56, 3), 25 * i, np.uint8))),
+                        {"is_gui_open": i >= 5})
+    assert got[1][1] == pytest.approx([p for _, p in monitor.curve], abs=1e-6)
+    bad = episode("b")
+    bad[1] = dataclasses.replace(bad[1], metadata={"harness": {"invocation": 0}})
+    R.write_episodes(tmp_path / "bad", [bad])
+    with pytest.raises(R.RecordError, match=r"episode b step 1: metadata\['harness'\] needs"):
+        data_lib.read_steps(str(tmp_path / "bad"))
+
+
+def test_the_privileged_check_after_k_steps_reads_1_only_once_it_has_held_longer():
+    from histeve_jax.harness.controller import PrivilegedCompletion
+    from histeve_jax.harness.schemas import load_schemas
+
+    sub = load_schemas()["mine_log"].instantiate({"count": 1})
+    held = [0, 1, 1, 0, 1, 1, 1, 1]
+    for after, want in ((0, held), (2, [0, 0, 0, 0, 0, 0, 1, 1])):
+        c = PrivilegedCompletion(after)
+        c.reset(sub, {}, {"inventory": {}})
+        assert [c.probability({}, {"inventory": {"default:tree": h}}) for h in held] == want
+    with pytest.raises(ValueError, match="after must be >= 0"):
+        PrivilegedCompletion(-1)
 
 
 def test_threshold_and_binary_metrics_by_hand():

@@ -1,6 +1,7 @@
 """The harness in the real game: rules planner + scripted experts make a wooden pickaxe from scratch while
 failures are injected mid-invocation (the player teleported away, the sticks taken from the inventory);
-the harness notices, replans or recovers, and reaches the goal; the report carries its events."""
+the harness notices, replans or recovers, and reaches the goal; the report carries its events, and its
+records, labelled per invocation, the completion detector's units."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from histeve_jax.harness.controller import HarnessAgent
 from histeve_jax.harness.executors import ExpertExecutor
 from histeve_jax.harness.inject import FailureInjector, Injection
 from histeve_jax.harness.planners.rules import RulesPlanner
-from histeve_jax.harness.schemas import load_schemas
+from histeve_jax.harness.schemas import evaluate_condition, load_schemas
 
 
 @pytest.mark.game
@@ -62,6 +63,28 @@ def test_injected_failures_lead_to_replanning_and_the_goal(tmp_path):
     # having cut it short, verifies the next one with nothing consumed in its window) and produced at most.
     planks = memory["procedural"]["craft_planks(count=4)"]
     assert planks["consumed"] in ({"default:tree": 1}, {}) and planks["produced"].get("default:wood", 0) >= 4
+    # The records labelled per invocation (the completion detector's units): every step acted carries its
+    # invocation, each ended invocation's steps are its episodic entry's (from its start, as many as it
+    # cost), and ``check`` is its subtask's completion condition on that record's own inventory.
+    labelled = agent.label_records(res.records)
+    trace = [r.metadata.get("harness") for r in labelled]
+    assert trace[-1] is None and None not in trace[:-1] and len(trace) == agent.t + 1
+    spans: dict[int, list[int]] = {}
+    for i, h in enumerate(trace[:-1]):
+        spans.setdefault(h["invocation"], []).append(i)
+    schemas = load_schemas()
+    for e in memory["episodic"]:
+        if e["cost"] == 0:
+            continue
+        (k, where), = [(k, w) for k, w in spans.items() if w[0] == e["start_step"]]
+        assert where == list(range(e["start_step"], e["start_step"] + e["cost"])), (e, where)
+        sub = schemas[e["name"]].instantiate(e["params"])
+        assert {trace[i]["subtask"] for i in where} == {sub.label} == {e["subtask"]}
+        assert len({trace[i]["instruction"] for i in where}) == 1 and trace[where[0]]["task"] == sub.task
+        assert set(sub.completion) == {"inventory"}  # wooden_pickaxe's subtasks: counts in the inventory
+        assert [trace[i]["check"] for i in where] == [
+            int(evaluate_condition(sub.completion, {"inventory": labelled[i].metadata["inventory"]}))
+            for i in where]
     path = write_report(res.records, tmp_path / "r.html", series=agent.series, events=agent.events,
                         thresholds={"completion": 0.5})
     page = open(path).read()

@@ -57,6 +57,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # and the anchor's ("84,112,14,154": the hotbar at 112x196; max_len grows by its tokens a crop). "": none.
     c.detector_detail = ""
     c.detector_detail_scale = 2
+    # The policy's own invocations through the harness on training seeds (6000+), play.tasks each this many
+    # episodes, the privileged check held 16 steps past each subtask's completion: each invocation a unit
+    # from its own first frame (experiments/configs/detector.py harness_episodes). 0: none.
+    c.detector_harness_episodes = 0
     c.progress_bar = True
 
     p = ml_collections.ConfigDict()

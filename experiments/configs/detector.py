@@ -53,6 +53,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.rollout_max_steps = 240
     d.rollout_temperature = 1.0
     d.rollout_top_p = 1.0
+    # The policy's own invocations through the harness (needs policy): experiments.longhorizon plays
+    # harness_tasks with the rules planner (one unit per invocation) and the privileged check, the policy
+    # acting harness_after steps past each subtask's completion, on training seeds, failures injected, at
+    # the rollouts' sampling; each invocation is a unit from its own first frame (detector.data), and the
+    # validation split's are replayed for the loop threshold. They show the starts the atomic tasks'
+    # episodes never do: another craft's finished screen, the hole the last dig left.
+    d.harness_episodes = 0  # per task (0: none)
+    d.harness_tasks = ("wooden_pickaxe", "dirt_wall")
+    d.harness_seed = 6000  # held out from evaluation (1000+), validation (2000+), the rollouts (5000+)
+    d.harness_after = 16
+    d.harness_max_steps = 1200
     d.hf_source = ""  # a Hugging Face Qwen2.5-VL dir to prune ("" tiny: a random 3B-style one is written)
     d.pruned = ""  # an already pruned detector directory (skips pruning)
     d.ffn_keep = 1 / 3

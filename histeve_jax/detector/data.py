@@ -12,6 +12,13 @@ Labels (``episode_units``): an episode gives one *unit* per instruction whose co
 * (``resume``) the task again from each later step where its product's count rose (``resume_units``): an
   invocation that begins with the product already held, as the harness asks for a count.
 
+An episode the harness played (its records carry ``metadata["harness"]``, ``HarnessAgent.label_records``)
+gives one unit per *invocation* instead (``invocation_units``): the instruction its executor was told,
+incomplete on its steps where the subtask's check did not hold and complete where it did, its frames
+clamped to its own first step, as the detector meets it in the loop: begun wherever the last invocation
+left the player (another craft's finished screen, beside the hole the last dig left), not where an atomic
+task's episode begins.
+
 Queries (``sample_queries``): per unit up to ``per_unit`` steps from each side, then the larger class is
 subsampled to the smaller one's size, so the set is balanced while failed episodes still give negatives.
 Each query's frames are the records ``offset`` steps before it for the slot offsets (``coupled.frame_slots``),
@@ -48,6 +55,12 @@ class Step:
     completed: int
     regime: int
     inventory: tuple[tuple[str, int], ...] = ()  # (item, count) as the record's metadata holds it
+    # A harness episode's (``metadata["harness"]``): the invocation's number, the instruction its executor
+    # was told, its atomic task, and 1/0 whether its check held here; -1 / "" on other records
+    invocation: int = -1
+    invocation_instruction: str = ""
+    invocation_task: str = ""
+    check: int = -1
 
     def held(self, item: str) -> int:
         return dict(self.inventory).get(item, 0)
@@ -95,8 +108,36 @@ def step_of(r: R.StepRecord, index: int) -> Step:
     """The ``Step`` of record ``r`` at global ``index`` (its inventory: the metadata's, where it has one)."""
     inv = (r.metadata or {}).get("inventory") or {}
     inventory = tuple(sorted((str(k), int(v)) for k, v in inv.items())) if isinstance(inv, dict) else ()
+    h = (r.metadata or {}).get("harness")
+    if h is not None:
+        try:
+            inv_fields = (int(h["invocation"]), str(h["instruction"]), str(h["task"]), int(h["check"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise R.RecordError(f"episode {r.episode_id} step {r.step}: metadata['harness'] needs "
+                                f"invocation, instruction, task and check (HarnessAgent.label_records): "
+                                f"{e!r}") from None
+    else:
+        inv_fields = (-1, "", "", -1)
     return Step(index, r.episode_id, r.step, r.task_id, r.kind, r.instruction, r.subtask, int(r.completed),
-                int(bool(r.is_gui_open)), inventory)
+                int(bool(r.is_gui_open)), inventory, *inv_fields)
+
+
+def invocation_units(steps: Sequence[Step]) -> list[Unit]:
+    """One unit per harness invocation of an episode (module docstring): its steps where the check did not
+    hold are its negatives, those where it held its positives, its first step its start."""
+    spans: dict[int, list[int]] = {}
+    for i, s in enumerate(steps):
+        if s.invocation >= 0:
+            spans.setdefault(s.invocation, []).append(i)
+    units = []
+    for k in sorted(spans):
+        where = spans[k]
+        if where != list(range(where[0], where[-1] + 1)):
+            raise R.RecordError(f"episode {steps[0].episode_id}: invocation {k}'s steps are not contiguous")
+        units.append(Unit(steps[where[0]].invocation_instruction,
+                          tuple(p for p in where if steps[p].check == 0),
+                          tuple(p for p in where if steps[p].check == 1), start=where[0]))
+    return units
 
 
 def products(steps: Sequence[Step]) -> tuple[str, ...]:
@@ -133,7 +174,9 @@ def subtask_instruction(instruction: str, subtask: str) -> str:
 def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool = True,
                   resume: bool = False) -> list[Unit]:
     """The task unit, (``subtasks``) one unit per expert subtask and (``resume``) the task's
-    ``resume_units`` of one episode (module docstring)."""
+    ``resume_units`` of one episode; a harness episode's ``invocation_units`` only (module docstring)."""
+    if any(s.invocation >= 0 for s in steps):
+        return invocation_units(steps)
     n = len(steps)
     done = [i for i, s in enumerate(steps) if s.completed == 1]
     units = []
@@ -152,6 +195,40 @@ def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool
     if resume:
         units += resume_units(steps, post_window=post_window)
     return units
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """One invocation replayed in the loop's terms (``experiments.detector.loop_curves``): the episode's
+    positions ``start`` to ``end`` (exclusive) on ``instruction``, ``done`` the position (counted from
+    ``start``) where its check first holds or None, and the atomic task whose threshold it is held to."""
+
+    start: int
+    end: int
+    instruction: str
+    done: int | None
+    task: str
+
+
+def replays(steps: Sequence[Step], *, resume: bool = False) -> list[Replay]:
+    """What an episode replays for the loop threshold: a harness episode, each invocation from its own first
+    step to its last (done where its check first holds); any other, the task from step 0 to the end (done
+    at the first completed record) and (``resume``) from each of its ``resume_units`` to the end (done at
+    the next rise of the product's count)."""
+    n = len(steps)
+    if any(s.invocation >= 0 for s in steps):
+        out = []
+        for u in invocation_units(steps):
+            end = max(u.negatives + u.positives) + 1
+            done = min(u.positives) - u.start if u.positives else None
+            out.append(Replay(u.start, end, u.instruction, done, steps[u.start].invocation_task))
+        return out
+    done = [i for i, s in enumerate(steps) if s.completed == 1]
+    out = [Replay(0, n, steps[0].instruction, done[0] if done else None, steps[0].task_id)]
+    if resume:
+        out += [Replay(u.start, n, u.instruction, u.positives[0] - u.start, steps[0].task_id)
+                for u in resume_units(steps)]
+    return out
 
 
 def query_frames(steps: Sequence[Step], position: int, offsets: Sequence[int],

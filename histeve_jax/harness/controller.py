@@ -15,9 +15,11 @@ harness verifies (``verify.verify``: privileged, whatever ended it), writes the 
 procedural dependencies from a success, refreshes world and working memory, and decides
 (``verify.decide``).
 
-Everything the harness did is kept for the report: ``events`` (planner calls, the completion signal's
-stops, verifications, memory snapshots, each at its step) and ``series["completion"]`` (the completion
-signal's probability at each step it was queried, None between queries). A planner that fails
+Everything the harness did is kept: ``trace`` (per step acted: the invocation, its subtask, the instruction
+the executor was told, and whether its check held on that step's frame; ``label_records`` writes it into
+the episode's records for the completion detector) and, for the report, ``events`` (planner calls, the
+completion signal's stops, verifications, memory snapshots, each at its step) and ``series["completion"]``
+(the completion signal's probability at each step it was queried, None between queries). A planner that fails
 ``max_planner_failures`` times in a row ends the episode as a failure, with its record.
 """
 
@@ -25,11 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from histeve_jax.data.records import StepRecord
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
 from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
@@ -52,16 +55,27 @@ class CompletionSignal(Protocol):
 
 
 class PrivilegedCompletion:
-    """The subtask's completion check on the privileged info, as 0 or 1 at every step."""
+    """The subtask's completion check on the privileged info, as 0 or 1 at every step.
+
+    ``after``: the check must have held for more than ``after`` steps in a row before it reads 1, so the
+    executor goes on acting that long past completion: how the harness's own invocations are recorded for
+    the completion detector (``SuiteSpec.privileged_after``), whose positives are then the executor's own
+    frames once its subtask is done, as the detector meets them in the loop. 0: the plain check."""
 
     name = "privileged"
     threshold = 0.5
 
+    def __init__(self, after: int = 0):
+        if after < 0:
+            raise ValueError(f"PrivilegedCompletion: after must be >= 0, got {after}")
+        self.after = int(after)
+
     def reset(self, subtask: Subtask, obs: dict, info: dict) -> None:
-        self.subtask = subtask
+        self.subtask, self.held = subtask, 0
 
     def probability(self, obs: dict, info: dict) -> float:
-        return float(self.subtask.is_complete(info))
+        self.held = self.held + 1 if self.subtask.is_complete(info) else 0
+        return float(self.held > self.after)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +116,7 @@ class HarnessAgent:
         self.events: list[dict[str, Any]] = []
         self.series: dict[str, list[float | None]] = {"completion": []}
         self.t = 0  # steps acted so far (= the record index of the next step)
+        self.trace: list[dict[str, Any]] = []  # per step acted (``label_records``)
         self.frames: deque[np.ndarray] = deque(maxlen=self.spec.recent_frames)
         self.current: Subtask | None = None
         self.recoveries = 0
@@ -167,6 +182,7 @@ class HarnessAgent:
         if self.invocations > self.spec.max_invocations:
             raise RuntimeError(f"more than {self.spec.max_invocations} invocations")
         self.current = subtask
+        self.instruction = subtask.instruction_at(info)  # what the executor and the detector are told
         self.memory.working.current = subtask.label
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
         self.done_at: int | None = 0 if subtask.is_complete(info) else None  # inv step its check first held
@@ -278,6 +294,9 @@ class HarnessAgent:
             if decision.subtask == "done":
                 self._end(obs, info, "executor_done")
                 continue
+            self.trace.append({"invocation": self.invocations, "subtask": self.current.label,
+                               "task": self.current.task, "instruction": self.instruction,
+                               "check": int(self.current.is_complete(info))})
             self.inv_steps += 1
             self.t += 1
             self.last_action = decision.action
@@ -285,6 +304,18 @@ class HarnessAgent:
                 self.series["completion"].append(None)
             return decision
         raise RuntimeError("the harness ended and restarted invocations without acting")
+
+    def label_records(self, records: Sequence[StepRecord]) -> list[StepRecord]:
+        """The episode's records with ``metadata["harness"]`` on each step the harness acted (the last
+        record, the frame after the last action, has none): the invocation's number in the episode, its
+        subtask's label and atomic task, the instruction the executor was told at its start, and ``check``,
+        1 where the subtask's completion check held on that record's frame. ``detector.data`` makes one
+        completion unit of each invocation, from its own first frame."""
+        if len(records) < len(self.trace):
+            raise ValueError(f"label_records: {len(records)} records for {len(self.trace)} steps acted (not "
+                             f"this episode's records?)")
+        return [dataclasses.replace(r, metadata={**r.metadata, "harness": dict(self.trace[i])})
+                if i < len(self.trace) else r for i, r in enumerate(records)]
 
     def summary(self) -> dict[str, Any]:
         """Counts of planner calls (their seconds and tokens), retries, failures, recoveries, replans,

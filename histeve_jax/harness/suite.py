@@ -14,7 +14,10 @@ procedural memory it wrote discarded. The policy's invocations end by the traine
 ``detector`` names a run (``harness.completion``), by the privileged check otherwise, or both as two rows
 (``completion``); ``resume`` reads back the episodes an earlier run of the same ``out_dir`` played (one
 whose game failed twice, a policy row's episode played at another sampling, or the detector row's with
-another detector run, is played again).
+another detector run, is played again). With ``records`` each episode's records are written too
+(``records/<row>/<task>-<seed>-00000.array_record``), a harness row's labelled per invocation
+(``HarnessAgent.label_records``); with ``privileged_after`` the policy's invocations the privileged check
+ends run that many steps past completion: together, the completion detector's harness episodes.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ class SuiteSpec:
     completion: str = "auto"
     goal_only: bool = True  # also the policy given only the final goal ("policy_goal_only")
     resume: bool = False  # an episode already played under out_dir is read back, not played again
+    # Also write each episode's records (``records/<row>/<task>-<seed>-00000.array_record``; a harness
+    # row's labelled by ``HarnessAgent.label_records``: the completion detector's invocation units)
+    records: bool = False
+    # The policy rows' privileged check reads 1 only once it has held this many steps more
+    # (``PrivilegedCompletion.after``): the policy acts on past each subtask's completion, as recorded
+    privileged_after: int = 0
 
 
 COMPLETIONS = ("auto", "detector", "privileged", "both")
@@ -102,6 +111,8 @@ def check(spec: SuiteSpec) -> None:
             raise FileNotFoundError(f"detector={spec.detector}: no such directory")
     if spec.detector_every < 1:
         raise ValueError(f"detector_every must be >= 1, got {spec.detector_every}")
+    if spec.privileged_after < 0:
+        raise ValueError(f"privileged_after must be >= 0, got {spec.privileged_after}")
     sampling_settings(spec.greedy, spec.temperature, spec.top_p, "long-horizon suite")
 
 
@@ -140,6 +151,13 @@ def sampling_of(spec: SuiteSpec, label: str) -> dict[str, Any] | None:
     return None
 
 
+def privileged_after_of(spec: SuiteSpec, label: str) -> int | None:
+    """How long past completion the privileged check lets a policy row's invocations run
+    (``privileged_after``), None for the rows it does not end."""
+    ended = label == "policy_privileged" or (label == "policy" and policy_completion(spec) == "privileged")
+    return spec.privileged_after if ended else None
+
+
 def detector_of(spec: SuiteSpec, label: str) -> str | None:
     """The detector run that ends a row's invocations (its absolute path): the "policy" row's when the
     detector ends them, None for the other rows."""
@@ -148,11 +166,12 @@ def detector_of(spec: SuiteSpec, label: str) -> str | None:
     return None
 
 
-def _finished(path: str, sampling: dict[str, Any] | None = None,
-              detector: str | None = None) -> dict[str, Any] | None:
+def _finished(path: str, sampling: dict[str, Any] | None = None, detector: str | None = None,
+              after: int | None = None) -> dict[str, Any] | None:
     """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short) with
-    the same sampling (an episode written before the sampling was recorded was played at the default) and,
-    for a row the detector ends, the same detector run (one written before it was recorded: played again)."""
+    the same sampling (an episode written before the sampling was recorded was played at the default),
+    for a row the detector ends, the same detector run (one written before it was recorded: played again),
+    and for a row the privileged check ends, the same ``privileged_after`` (0 before it was recorded)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -163,7 +182,21 @@ def _finished(path: str, sampling: dict[str, Any] | None = None,
         return None
     if detector is not None and row.get("detector") != detector:
         return None
+    if after is not None and row.get("privileged_after", 0) != after:
+        return None
     return row
+
+
+def write_records(out_dir: str, label: str, name: str, records: Sequence[Any]) -> str:
+    """One episode's records as their own shard ``out_dir/records/<label>/<name>-00000.array_record``,
+    replacing that episode's earlier shard (one played again); returns its path."""
+    from histeve_jax.data import records as R
+
+    d = os.path.join(out_dir, "records", label)
+    os.makedirs(d, exist_ok=True)
+    for old in R.shard_paths(d, prefix=name):
+        os.remove(old)
+    return R.write_episodes(d, [records], prefix=name)[0]
 
 
 def _summary_row(row: dict[str, Any], label: str, task: str, seed: int) -> dict[str, Any]:
@@ -208,12 +241,13 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
     rows: list[dict[str, Any]] = []
     try:
         for ex_name, executor in executors.items():
+            check_signal = PrivilegedCompletion(spec.privileged_after if ex_name == "policy" else 0)
             runs = [(ex_name, HarnessAgent(planner, executor, schemas, spec.harness, procedural,
-                                           completion=detector if ex_name == "policy" else None))]
+                                           completion=detector if ex_name == "policy" and detector
+                                           else check_signal))]
             if ex_name == "policy" and policy_completion(spec) == "both":
-                privileged = HarnessAgent(planner, executor, schemas, spec.harness, procedural,
-                                          completion=PrivilegedCompletion())
-                runs.append(("policy_privileged", privileged))
+                runs.append(("policy_privileged", HarnessAgent(planner, executor, schemas, spec.harness,
+                                                               procedural, completion=check_signal)))
             if ex_name == "policy" and spec.goal_only:
                 from histeve_jax.harness.executors import GoalOnlyAgent
 
@@ -226,19 +260,29 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                         d = os.path.join(spec.out_dir, "episodes", label)
                         path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
                         sampling, det_run = sampling_of(spec, label), detector_of(spec, label)
-                        row = _finished(path, sampling, det_run) if spec.resume else None
+                        after = privileged_after_of(spec, label)
+                        row = _finished(path, sampling, det_run, after) if spec.resume else None
+                        name = f"{task_name}-{spec.seed + i}"
+                        if row is not None and spec.records and not os.path.exists(os.path.join(
+                                spec.out_dir, "records", label, f"{name}-00000.array_record")):
+                            row = None  # played without its records: again
                         if row is not None:  # played to the end by an earlier run: read back
                             rows.append(_summary_row(row, label, task_name, spec.seed + i))
                             if on_episode is not None:
                                 on_episode(rows[-1])
                             continue
                         res = _run(env, task, spec.seed + i, agent, budget, spec.inject, procedural)
+                        if spec.records and res.records:  # before the episode's JSON: resume reads that
+                            write_records(spec.out_dir, label, name, agent.label_records(res.records)
+                                          if isinstance(agent, HarnessAgent) else res.records)
                         row = _episode_json(res, agent, env.fired)
                         row["executor"] = label
                         if sampling is not None:
                             row["sampling"] = sampling
                         if det_run is not None:
                             row["detector"] = det_run
+                        if after:
+                            row["privileged_after"] = after
                         os.makedirs(d, exist_ok=True)
                         with open(path + ".tmp", "w") as f:
                             json.dump(row, f, indent=1, default=str)
