@@ -111,18 +111,15 @@ def detector_config(c: Any, policy: str) -> Any:
     d.detector.anchor, d.detector.resume_units = bool(c.detector_anchor), bool(c.detector_resume_units)
     d.detector.loop_resume_units = bool(c.detector_loop_resume_units)
     d.detector.per_task_thresholds = bool(c.detector_per_task_thresholds)
-    if c.detector_rollout_episodes or c.detector_rollout_task_episodes:
-        # drawn as the loop draws them; they replace the held-out evaluation's episodes
+    # the policy's own episodes (rollouts, harness invocations) are drawn as the loop draws its actions
+    d.detector.rollout_temperature, d.detector.rollout_top_p = c.play.temperature, c.play.top_p
+    if c.detector_rollout_episodes or c.detector_rollout_task_episodes:  # in place of the held-out eval's
         d.detector.rollout_episodes = c.detector_rollout_episodes
         d.detector.rollout_task_episodes = c.detector_rollout_task_episodes
-        d.detector.rollout_temperature = c.play.temperature
-        d.detector.rollout_top_p = c.play.top_p
         d.detector.eval_records = ""
-    if c.detector_harness_episodes:
-        d.detector.harness_episodes = c.detector_harness_episodes
-        d.detector.harness_tasks = tuple(c.play.tasks)
-        d.detector.harness_max_steps = c.play.policy_max_steps
-        d.detector.rollout_temperature, d.detector.rollout_top_p = c.play.temperature, c.play.top_p
+    d.detector.harness_episodes = c.detector_harness_episodes
+    d.detector.harness_tasks = tuple(c.play.tasks)
+    d.detector.harness_max_steps = c.play.policy_max_steps
     return d
 
 

@@ -122,6 +122,11 @@ def step_of(r: R.StepRecord, index: int) -> Step:
                 int(bool(r.is_gui_open)), inventory, *inv_fields)
 
 
+def is_harness_episode(steps: Sequence[Step]) -> bool:
+    """Whether the episode's records carry the harness's invocation labels (``metadata["harness"]``)."""
+    return any(s.invocation >= 0 for s in steps)
+
+
 def invocation_units(steps: Sequence[Step]) -> list[Unit]:
     """One unit per harness invocation of an episode (module docstring): its steps where the check did not
     hold are its negatives, those where it held its positives, its first step its start."""
@@ -175,7 +180,7 @@ def episode_units(steps: Sequence[Step], *, post_window: int = 4, subtasks: bool
                   resume: bool = False) -> list[Unit]:
     """The task unit, (``subtasks``) one unit per expert subtask and (``resume``) the task's
     ``resume_units`` of one episode; a harness episode's ``invocation_units`` only (module docstring)."""
-    if any(s.invocation >= 0 for s in steps):
+    if is_harness_episode(steps):
         return invocation_units(steps)
     n = len(steps)
     done = [i for i, s in enumerate(steps) if s.completed == 1]
@@ -216,7 +221,7 @@ def replays(steps: Sequence[Step], *, resume: bool = False) -> list[Replay]:
     at the first completed record) and (``resume``) from each of its ``resume_units`` to the end (done at
     the next rise of the product's count)."""
     n = len(steps)
-    if any(s.invocation >= 0 for s in steps):
+    if is_harness_episode(steps):
         out = []
         for u in invocation_units(steps):
             end = max(u.negatives + u.positives) + 1

@@ -185,7 +185,8 @@ class HarnessAgent:
         self.instruction = subtask.instruction_at(info)  # what the executor and the detector are told
         self.memory.working.current = subtask.label
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
-        self.done_at: int | None = 0 if subtask.is_complete(info) else None  # inv step its check first held
+        self.complete = subtask.is_complete(info)  # whether its check holds on this step's frame
+        self.done_at: int | None = 0 if self.complete else None  # inv step its check first held
         self.failing_for = 0  # steps an unrecoverable failure condition has held in a row
         self.last_action = None
         self.before = self.memory.working.snapshot()
@@ -251,7 +252,8 @@ class HarnessAgent:
 
     def _ended(self, obs: dict, info: dict) -> str:
         """Why the current invocation should end before this step ("" to go on)."""
-        if self.done_at is None and self.current.is_complete(info):
+        self.complete = self.current.is_complete(info)
+        if self.done_at is None and self.complete:
             self.done_at = self.inv_steps
         p = self.completion.probability(obs, info)
         self.series["completion"].append(None if p is None else float(p))
@@ -296,7 +298,7 @@ class HarnessAgent:
                 continue
             self.trace.append({"invocation": self.invocations, "subtask": self.current.label,
                                "task": self.current.task, "instruction": self.instruction,
-                               "check": int(self.current.is_complete(info))})
+                               "check": int(self.complete)})  # this step's (``_start`` or ``_ended``)
             self.inv_steps += 1
             self.t += 1
             self.last_action = decision.action

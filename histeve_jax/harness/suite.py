@@ -187,16 +187,22 @@ def _finished(path: str, sampling: dict[str, Any] | None = None, detector: str |
     return row
 
 
+def episode_shards(out_dir: str, label: str, name: str) -> list[str]:
+    """The shards ``write_records`` wrote for episode ``name`` of row ``label`` ([] when none)."""
+    from histeve_jax.data import records as R
+
+    d = os.path.join(out_dir, "records", label)
+    return R.shard_paths(d, prefix=name) if os.path.isdir(d) else []
+
+
 def write_records(out_dir: str, label: str, name: str, records: Sequence[Any]) -> str:
     """One episode's records as their own shard ``out_dir/records/<label>/<name>-00000.array_record``,
     replacing that episode's earlier shard (one played again); returns its path."""
     from histeve_jax.data import records as R
 
-    d = os.path.join(out_dir, "records", label)
-    os.makedirs(d, exist_ok=True)
-    for old in R.shard_paths(d, prefix=name):
+    for old in episode_shards(out_dir, label, name):
         os.remove(old)
-    return R.write_episodes(d, [records], prefix=name)[0]
+    return R.write_episodes(os.path.join(out_dir, "records", label), [records], prefix=name)[0]
 
 
 def _summary_row(row: dict[str, Any], label: str, task: str, seed: int) -> dict[str, Any]:
@@ -263,8 +269,7 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                         after = privileged_after_of(spec, label)
                         row = _finished(path, sampling, det_run, after) if spec.resume else None
                         name = f"{task_name}-{spec.seed + i}"
-                        if row is not None and spec.records and not os.path.exists(os.path.join(
-                                spec.out_dir, "records", label, f"{name}-00000.array_record")):
+                        if row is not None and spec.records and not episode_shards(spec.out_dir, label, name):
                             row = None  # played without its records: again
                         if row is not None:  # played to the end by an earlier run: read back
                             rows.append(_summary_row(row, label, task_name, spec.seed + i))
