@@ -366,6 +366,53 @@ def test_a_start_beside_a_trunk_faces_its_gap(env, name):
     assert beside[0] == beside[3] and beside[0] != beside[1]
 
 
+def test_a_dug_start_holds_its_digs_and_the_expert_digs_beside_them(env):
+    """``init.vary.dug`` 1: every start is where one or two earlier digs left a policy that digs what its
+    crosshair is on (dirt_wall's second and third mine_dirt): looking 25-45 degrees down, the ground nodes
+    along the view gone, as many dirt held; the seed fixes it. mine_dirt's success counts this episode's
+    pickups, so the start is not done, and the atomic expert digs one more grass top, not down the hole."""
+    from histeve_jax.envs.base import wrap_degrees, yaw_pitch_to
+
+    task = load_task("mine_dirt").varied(dug=1.0)
+    env.randomize_init = True
+    try:
+        starts = [env.reset(seed=s, options={"task": task})[1] for s in (50, 51, 52, 53, 50)]
+        expert = expert_for(task)
+        expert.reset(info := starts[-1])
+        for _ in range(120):
+            _, _, _, _, info = env.step(expert.act(info)[0])
+            if info["success"]:
+                break
+        for _ in range(10):  # the mod lists the nodes nearby every 4th server step (0.2 s)
+            _, _, _, _, info = env.step(noop_action())
+    finally:
+        env.randomize_init = False
+
+    def grass(i, at):  # the grass tops within 2 blocks (max-norm) of cell `at`: all of them are among the
+        # mod's 24 nearest of a kind when the player stands on `at`
+        return {(p[0], p[2]) for n, p in i["nearby"] if n == "default:dirt_with_grass" and p[1] == 8
+                and max(abs(p[0] - at[0]), abs(p[2] - at[1])) <= 2}
+
+    cells = []
+    for start in starts:
+        held = start["inventory"].get("default:dirt", 0)
+        assert held in (1, 2) and not start["success"] and not start["pickup"], start["inventory"]
+        assert 25 - 1 <= start["pitch"] <= 45 + 1, start["pitch"]
+        x, _, z = start["pos"]
+        at = (round(x), round(z))
+        gone = {(at[0] + i, at[1] + j) for i in range(-2, 3) for j in range(-2, 3)} - grass(start, at)
+        assert 1 <= len(gone) <= held, gone
+        for cx, cz in gone:  # on the line of sight
+            yaw = yaw_pitch_to((x, 0, z), (cx, 0, cz))[0]
+            assert abs(wrap_degrees(yaw - start["yaw"])) < 25, (gone, start)
+        cells.append((held, gone, at))
+    assert cells[0] == cells[4] and {h for h, _, _ in cells} == {1, 2}, cells
+    held, gone, at = cells[4]
+    assert info["success"] and info["pickup"] == {"default:dirt": 1}, info["pickup"]
+    assert info["inventory"]["default:dirt"] == held + 1
+    assert len(grass(info, at)) == 25 - len(gone) - 1  # a grass top, not a node under the holes
+
+
 def test_the_inventory_looks_the_same_from_every_start(env):
     """The GUI backdrop is opaque (``gui_backdrop="opaque"``, the default): two craft_planks starts that
     look different show the same inventory frame, pointer and all."""

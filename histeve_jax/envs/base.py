@@ -87,6 +87,9 @@ def wrap_degrees(a: float) -> float:
     return (a + 180.0) % 360.0 - 180.0
 
 
+EYE_HEIGHT = 1.47  # minetest_game's player eye height above the feet
+
+
 def yaw_pitch_to(eye: tuple[float, float, float], target: tuple[float, float, float]) -> tuple[float, float]:
     """Yaw and pitch (this module's conventions, y up, yaw 0 = +z) that look from `eye` at `target`."""
     dx, dy, dz = (t - e for t, e in zip(target, eye, strict=True))

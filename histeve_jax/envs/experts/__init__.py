@@ -106,7 +106,7 @@ def expert_for(task: Task) -> Expert:
         # walked in some episodes and not in others that look alike; now every one walks up first
         "mine_log": lambda t: MineExpert(t, ("default:tree",), "default:tree", approach=2.0),
         "mine_dirt": lambda t: MineExpert(t, ("default:dirt_with_grass", "default:dirt"), "default:dirt",
-                                          face="top"),
+                                          face="top", more=True),
         "mine_stone": lambda t: MineExpert(t, ("default:stone",), "default:cobble", tool_slot=1),
         "craft_planks": lambda t: CraftExpert(t, "default:wood", 4),
         "craft_sticks": lambda t: CraftExpert(t, "default:stick", 4),

@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 
 from histeve_jax.actions.codebook import get_codebook
-from histeve_jax.envs.base import PIXELS_PER_DEGREE, noop_action, wrap_degrees, yaw_pitch_to
+from histeve_jax.envs.base import EYE_HEIGHT, PIXELS_PER_DEGREE, noop_action, wrap_degrees, yaw_pitch_to
 from histeve_jax.envs.tasks import Task
 
-EYE_HEIGHT = 1.47  # minetest_game's player eye height above the feet
 REACH = 3.6  # a little under the hand's 4-node range
 MAX_TURN = 10.0  # degrees per step
 # A slot is about 22 px inside (24-26 px apart): a click within 8 px of its centre lands in it, and the

@@ -25,13 +25,16 @@ TURN_COST = 2.0
 
 
 class MineExpert(Expert):
-    """Walk to the nearest node of `names`, aim at its exposed face and dig until `goal` drops are held.
+    """Walk to the nearest node of `names`, aim at its exposed face and dig until `goal` drops are held
+    (with ``more``: `goal` more than were held at the start, as an atomic task's ``pickup`` counts them).
     Nodes are chosen by distance and turn, so the one ahead wins (``TURN_COST``)."""
 
     def __init__(self, task: Task, names: tuple[str, ...], drop: str, goal: int = 1, face: str = "side",
-                 tool_slot: int | None = None, tool: str | None = None, approach: float = REACH - 1.0):
+                 tool_slot: int | None = None, tool: str | None = None, approach: float = REACH - 1.0,
+                 more: bool = False):
         super().__init__(task)
         self.names, self.drop, self.goal, self.face, self.tool_slot = names, drop, goal, face, tool_slot
+        self.more = more
         # walk up to `approach` blocks of the node when it is more than half a block further
         self.approach = approach
         self.tool = tool
@@ -91,7 +94,8 @@ class MineExpert(Expert):
             yield noop_action(), "select_tool"
         if self.tool is not None:
             yield from self.select(self.tool, "select_tool")
-        while self.info["inventory"].get(self.drop, 0) < self.goal:
+        goal = self.goal + (self.info["inventory"].get(self.drop, 0) if self.more else 0)
+        while self.info["inventory"].get(self.drop, 0) < goal:
             node = self.target()
             if node is None:
                 yield from self.wait(1, "search")

@@ -53,6 +53,7 @@ from Xlib.error import ConnectionClosedError, DisplayError, XError
 from histeve_jax.actions.codebook import BUTTONS, CAMERA
 from histeve_jax.envs.base import (
     EVENT_KEYS,
+    EYE_HEIGHT,
     PIXELS_PER_DEGREE,
     RENDER_SIZE,
     STEP_SECONDS,
@@ -63,7 +64,7 @@ from histeve_jax.envs.base import (
     yaw_pitch_to,
 )
 from histeve_jax.envs.cursor import draw_cursor
-from histeve_jax.envs.luanti.arena import DEFAULT_POS, EYE_LOG, reset_ops
+from histeve_jax.envs.luanti.arena import DEFAULT_POS, EYE_LOG, GROUND_Y, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
@@ -101,6 +102,9 @@ def _clear_of(x: float, z: float, trunks: list[tuple[float, float]], margin: flo
     """Whether a player at (x, z) stands ``margin`` blocks (max-norm, centre to centre) from every trunk: 1.0
     is clear of it (+-0.5 node, +-0.3 player, a margin), 0.85 right against it."""
     return all(max(abs(x - tx), abs(z - tz)) >= margin for tx, tz in trunks)
+
+
+_REACH = 3.9  # a little under the hand's 4-node range (the experts' REACH is 3.6)
 
 
 class LuantiEnv(gym.Env):
@@ -446,6 +450,8 @@ class LuantiEnv(gym.Env):
                 gone[k] = True
             if vary["clutter"] and self.np_random.random() < vary["clutter"]:  # drawn last, as beside
                 init["inventory"] = clutter_inventory(init.get("inventory") or [], self.np_random)
+            if vary["dug"] and self.np_random.random() < vary["dug"]:  # drawn last, as clutter
+                init.update(self._dug(init))
             if gone.any():
                 init["nodes"] = list(init.get("nodes") or []) + [
                     {"pos": [int(t["pos"][0]), int(t["pos"][1]) + EYE_LOG, int(t["pos"][2])], "name": "air"}
@@ -484,6 +490,38 @@ class LuantiEnv(gym.Env):
             raise ValueError(f"task {self.task.name}: no start beside trunk {trunks[k]} clears the others")
         yaw, _ = yaw_pitch_to((x, y, z), (tx, y, tz))  # level: only the yaw is kept
         return [float(x), float(y), float(z)], float(yaw + self.np_random.uniform(-20, 20))
+
+    def _dug(self, init: dict[str, Any]) -> dict[str, Any]:
+        """``init.vary.dug``'s start (changes to ``init``): where one or two earlier digs left the player. A
+        policy digs what its crosshair is on and holds the look: pitched 25-45 degrees down at the drawn yaw,
+        the ground node the view ray hits is dug, and for two digs the next node the ray then hits (within
+        the hand's reach), as many dirt held on slot 1, the look kept. The view then falls on the node after
+        those, often out of reach: dirt_wall's third ``mine_dirt`` held attack there for its whole budget
+        (README "The third dig"). ``pickup`` counts only this episode's digs, so mine_dirt is not done at
+        the start."""
+        x, y, z = init["pos"]
+        eye = np.array([x, y + EYE_HEIGHT, z])
+        k = int(self.np_random.integers(1, 3))
+        for _ in range(100):
+            pitch = float(self.np_random.uniform(25.0, 45.0))
+            yaw_r, pitch_r = np.radians(init["yaw"]), np.radians(pitch)
+            ray = np.array([np.sin(yaw_r) * np.cos(pitch_r), -np.sin(pitch_r),
+                            np.cos(yaw_r) * np.cos(pitch_r)])
+            dug: list[list[int]] = []
+            for t in np.arange(0.0, _REACH, 0.01):  # the ground nodes along the ray, nearest first
+                node = [int(v) for v in np.floor(eye + t * ray + 0.5)]
+                if node[1] <= GROUND_Y and node not in dug:
+                    dug.append(node)
+                    if len(dug) == k:
+                        break
+            if len(dug) == k:
+                break
+        else:
+            raise ValueError(f"task {self.task.name}: init.vary.dug: no look reaches {k} ground nodes")
+        return {"pitch": pitch,
+                "nodes": list(init.get("nodes") or []) + [{"pos": n, "name": "air"} for n in dug],
+                "inventory": list(init.get("inventory") or []) + [
+                    {"item": "default:dirt", "count": k, "slot": 1}]}
 
     def _reset_in_game(self):
         self._release_all()
