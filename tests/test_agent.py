@@ -356,6 +356,19 @@ def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_
         for row in ("policy_privileged", "policy_goal_only"):
             assert (episodes / row / "dirt_wall-1000.json").stat().st_mtime_ns == mtimes[row], row
 
+        # Another policy run (and its detector): every policy row played again, the experts' read back.
+        other_policy = os.path.join(os.path.dirname(policy), "other_policy")
+        written = expert_episode.stat().st_mtime_ns
+        moved = _agent([*[a for a in kept if not a.startswith("--config.policy=")], f"--config.reuse={work}",
+                        "--config.play.top_p=0.9", f"--config.policy={other_policy}",
+                        f"--config.detector={wrong}"])
+        assert moved.returncode == 0, moved.stderr[-3000:]
+        for row in ("policy", "policy_privileged", "policy_goal_only"):
+            ep = json.loads((episodes / row / "dirt_wall-1000.json").read_text())
+            assert ep["policy"] == os.path.abspath(other_policy), row
+        assert expert_episode.stat().st_mtime_ns == written
+        assert "policy" not in json.loads(expert_episode.read_text())
+
         # A detector run trained beside another policy: one line naming both runs, before any game.
         bad = _agent([*args, f"--config.detector={wrong}", f"--config.workdir={tmp_path / 'bad'}"])
         err = bad.stderr.strip().splitlines()

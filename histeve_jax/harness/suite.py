@@ -166,12 +166,21 @@ def detector_of(spec: SuiteSpec, label: str) -> str | None:
     return None
 
 
+def policy_of(spec: SuiteSpec, label: str) -> str | None:
+    """The policy run that acts in a row (its absolute path, and ``@step`` where a step is chosen): the
+    policy rows', None for the experts."""
+    if not label.startswith("policy"):
+        return None
+    return os.path.abspath(spec.policy) + (f"@{spec.step}" if spec.step is not None else "")
+
+
 def _finished(path: str, sampling: dict[str, Any] | None = None, detector: str | None = None,
-              after: int | None = None) -> dict[str, Any] | None:
+              after: int | None = None, policy: str | None = None) -> dict[str, Any] | None:
     """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short) with
     the same sampling (an episode written before the sampling was recorded was played at the default),
-    for a row the detector ends, the same detector run (one written before it was recorded: played again),
-    and for a row the privileged check ends, the same ``privileged_after`` (0 before it was recorded)."""
+    for a policy row the same policy run and for a row the detector ends the same detector run (one
+    written before either was recorded: played again), and for a row the privileged check ends, the same
+    ``privileged_after`` (0 before it was recorded)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -179,6 +188,8 @@ def _finished(path: str, sampling: dict[str, Any] | None = None, detector: str |
     if row.get("interrupted"):
         return None
     if sampling is not None and row.get("sampling", DEFAULT_SAMPLING) != sampling:
+        return None
+    if policy is not None and row.get("policy") != policy:
         return None
     if detector is not None and row.get("detector") != detector:
         return None
@@ -266,8 +277,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                         d = os.path.join(spec.out_dir, "episodes", label)
                         path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
                         sampling, det_run = sampling_of(spec, label), detector_of(spec, label)
-                        after = privileged_after_of(spec, label)
-                        row = _finished(path, sampling, det_run, after) if spec.resume else None
+                        after, policy = privileged_after_of(spec, label), policy_of(spec, label)
+                        row = _finished(path, sampling, det_run, after, policy) if spec.resume else None
                         name = f"{task_name}-{spec.seed + i}"
                         if row is not None and spec.records and not episode_shards(spec.out_dir, label, name):
                             row = None  # played without its records: again
@@ -282,6 +293,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                                           if isinstance(agent, HarnessAgent) else res.records)
                         row = _episode_json(res, agent, env.fired)
                         row["executor"] = label
+                        if policy is not None:
+                            row["policy"] = policy
                         if sampling is not None:
                             row["sampling"] = sampling
                         if det_run is not None:
