@@ -8,6 +8,7 @@ drawn weights (``tests.run_helpers``), not trained: the behaviour under test is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ from histeve_jax.harness.inject import FailureInjector
 from histeve_jax.harness.memory import ProceduralMemory
 from histeve_jax.harness.planners.rules import RulesPlanner
 from histeve_jax.harness.schemas import load_schemas
-from histeve_jax.harness.suite import _run
+from histeve_jax.harness.suite import SuiteSpec, _finished, _run, policy_of
 from histeve_jax.train import setup
 from histeve_jax.train.specs import RunSpec
 from tests.run_helpers import detector_run, filled, save_run
@@ -290,6 +291,20 @@ def _agent(args, cwd=REPO, timeout=900):
 
 
 @pytest.mark.game
+def test_a_policy_row_is_read_back_only_for_the_policy_run_that_played_it(tmp_path):
+    """``resume`` reads an episode back for a policy row only when the same policy run (and step) played it;
+    an episode written before the suite named the policy is played again; the experts' rows name none."""
+    spec = SuiteSpec(("dirt_wall",), 1, 1000, executors=("expert", "policy"), policy=str(tmp_path / "run"))
+    mine = policy_of(spec, "policy_privileged")
+    assert mine == str(tmp_path / "run") and policy_of(spec, "expert") is None
+    assert policy_of(dataclasses.replace(spec, step=40), "policy") == mine + "@40"
+    path = tmp_path / "episode.json"
+    for written, read_back in ((mine, True), (str(tmp_path / "other"), False), (None, False)):
+        path.write_text(json.dumps({"success": True, **({"policy": written} if written else {})}))
+        assert (_finished(str(path), policy=mine) is not None) == read_back, written
+    assert _finished(str(path)) is not None  # an expert row: no policy asked
+
+
 def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_path):
     policy, _, det, wrong = runs
     server = ChatServer([(200, '{"subtask": {"name": "fly", "parameters": {}}}', 0, "stop")] * 200)
@@ -309,6 +324,7 @@ def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_
         for row in ("policy", "policy_privileged", "expert"):
             ep = json.loads((episodes / row / "dirt_wall-1000.json").read_text())
             assert ep["steps"] == 0 and "no executable subtask 3 times in a row" in ep["error"], ep["error"]
+            assert ep.get("policy") == (os.path.abspath(policy) if row != "expert" else None), row  # resume
             planned = [e["payload"] for e in ep["events"] if e["kind"] == "planner"]
             assert len(planned) == 3 and all(p["subtask"] is None and p["attempts"] == 2 for p in planned)
             assert ep["harness"]["invocations"] == 0 and ep["harness"]["planner_prompt_tokens"] > 0
@@ -355,19 +371,6 @@ def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_
         assert (episodes / "policy" / "dirt_wall-1000.json").stat().st_mtime_ns != mtimes["policy"]
         for row in ("policy_privileged", "policy_goal_only"):
             assert (episodes / row / "dirt_wall-1000.json").stat().st_mtime_ns == mtimes[row], row
-
-        # Another policy run (and its detector): every policy row played again, the experts' read back.
-        other_policy = os.path.join(os.path.dirname(policy), "other_policy")
-        written = expert_episode.stat().st_mtime_ns
-        moved = _agent([*[a for a in kept if not a.startswith("--config.policy=")], f"--config.reuse={work}",
-                        "--config.play.top_p=0.9", f"--config.policy={other_policy}",
-                        f"--config.detector={wrong}"])
-        assert moved.returncode == 0, moved.stderr[-3000:]
-        for row in ("policy", "policy_privileged", "policy_goal_only"):
-            ep = json.loads((episodes / row / "dirt_wall-1000.json").read_text())
-            assert ep["policy"] == os.path.abspath(other_policy), row
-        assert expert_episode.stat().st_mtime_ns == written
-        assert "policy" not in json.loads(expert_episode.read_text())
 
         # A detector run trained beside another policy: one line naming both runs, before any game.
         bad = _agent([*args, f"--config.detector={wrong}", f"--config.workdir={tmp_path / 'bad'}"])
