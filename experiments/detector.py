@@ -121,7 +121,8 @@ def policy_rollouts(cfg: Any, workdir: str) -> list[str]:
                    f"--config.seed={d.rollout_seed}", f"--config.max_steps={d.rollout_max_steps}",
                    f"--config.after_success={d.rollout_after_success}",
                    f"--config.temperature={d.rollout_temperature}", f"--config.top_p={d.rollout_top_p}",
-                   "--config.reports=0", f"--config.out_dir={out}", "--config.progress_bar=False"]
+                   "--config.reports=0", f"--config.out_dir={out}", "--config.progress_bar=False",
+                   f"--config.instances={min(2, n * len(tasks))}"]  # no more games than episodes
             subprocess.run(cmd, check=True, cwd=_REPO, timeout=3600)
         dirs.append(os.path.join(out, "records", "policy"))
     return dirs
