@@ -290,7 +290,6 @@ def _agent(args, cwd=REPO, timeout=900):
                           timeout=timeout, capture_output=True, text=True)
 
 
-@pytest.mark.game
 def test_a_policy_row_is_read_back_only_for_the_policy_run_that_played_it(tmp_path):
     """``resume`` reads an episode back for a policy row only when the same policy run (and step) played it;
     an episode written before the suite named the policy is played again; the experts' rows name none."""
@@ -305,6 +304,7 @@ def test_a_policy_row_is_read_back_only_for_the_policy_run_that_played_it(tmp_pa
     assert _finished(str(path)) is not None  # an expert row: no policy asked
 
 
+@pytest.mark.game
 def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_path):
     policy, _, det, wrong = runs
     server = ChatServer([(200, '{"subtask": {"name": "fly", "parameters": {}}}', 0, "stop")] * 200)
