@@ -31,7 +31,7 @@ from histeve_jax.harness.inject import FailureInjector
 from histeve_jax.harness.memory import ProceduralMemory
 from histeve_jax.harness.planners.rules import RulesPlanner
 from histeve_jax.harness.schemas import load_schemas
-from histeve_jax.harness.suite import SuiteSpec, _finished, _run, policy_of
+from histeve_jax.harness.suite import SuiteSpec, _finished, _run, provenance
 from histeve_jax.train import setup
 from histeve_jax.train.specs import RunSpec
 from tests.run_helpers import detector_run, filled, save_run
@@ -294,14 +294,20 @@ def test_a_policy_row_is_read_back_only_for_the_policy_run_that_played_it(tmp_pa
     """``resume`` reads an episode back for a policy row only when the same policy run (and step) played it;
     an episode written before the suite named the policy is played again; the experts' rows name none."""
     spec = SuiteSpec(("dirt_wall",), 1, 1000, executors=("expert", "policy"), policy=str(tmp_path / "run"))
-    mine = policy_of(spec, "policy_privileged")
-    assert mine == str(tmp_path / "run") and policy_of(spec, "expert") is None
-    assert policy_of(dataclasses.replace(spec, step=40), "policy") == mine + "@40"
+    played_with = provenance(spec, "policy_privileged")
+    mine = played_with["policy"]
+    assert mine == str(tmp_path / "run") and provenance(spec, "expert") == {}
+    assert provenance(dataclasses.replace(spec, step=40), "policy")["policy"] == mine + "@40"
+    assert played_with["privileged_after"] == 0 and "detector" not in played_with
     path = tmp_path / "episode.json"
     for written, read_back in ((mine, True), (str(tmp_path / "other"), False), (None, False)):
         path.write_text(json.dumps({"success": True, **({"policy": written} if written else {})}))
-        assert (_finished(str(path), policy=mine) is not None) == read_back, written
-    assert _finished(str(path)) is not None  # an expert row: no policy asked
+        assert (_finished(str(path), {"policy": mine}) is not None) == read_back, written
+    assert _finished(str(path), {}) is not None  # an expert row: no policy asked
+    # a file written before sampling and privileged_after were recorded was played with the defaults
+    path.write_text(json.dumps({"success": True, "policy": mine}))
+    assert _finished(str(path), played_with) is not None
+    assert _finished(str(path), {**played_with, "privileged_after": 16}) is None
 
 
 @pytest.mark.game

@@ -141,59 +141,39 @@ def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
     return res
 
 
-DEFAULT_SAMPLING = sampling_settings(False, 1.0, 1.0, "default")
+# What an episode file written before a provenance key existed was played with: the default sampling and
+# no time past completion; a file without its policy or detector run is played again.
+LEGACY_PROVENANCE = {"sampling": sampling_settings(False, 1.0, 1.0, "default"), "privileged_after": 0}
 
 
-def sampling_of(spec: SuiteSpec, label: str) -> dict[str, Any] | None:
-    """How a row's actions are drawn: the policy rows' sampling, None for the experts."""
-    if label.startswith("policy"):
-        return sampling_settings(spec.greedy, spec.temperature, spec.top_p, "long-horizon suite")
-    return None
-
-
-def privileged_after_of(spec: SuiteSpec, label: str) -> int | None:
-    """How long past completion the privileged check lets a policy row's invocations run
-    (``privileged_after``), None for the rows it does not end."""
-    ended = label == "policy_privileged" or (label == "policy" and policy_completion(spec) == "privileged")
-    return spec.privileged_after if ended else None
-
-
-def detector_of(spec: SuiteSpec, label: str) -> str | None:
-    """The detector run that ends a row's invocations (its absolute path): the "policy" row's when the
-    detector ends them, None for the other rows."""
-    if label == "policy" and policy_completion(spec) in ("detector", "both"):
-        return os.path.abspath(spec.detector)
-    return None
-
-
-def policy_of(spec: SuiteSpec, label: str) -> str | None:
-    """The policy run that acts in a row (its absolute path, and ``@step`` where a step is chosen): the
-    policy rows', None for the experts."""
+def provenance(spec: SuiteSpec, label: str) -> dict[str, Any]:
+    """What a row's episode was played with, written into its episode file and compared by ``resume``: for
+    the policy rows the policy run (its absolute path, ``@step`` where a step is chosen) and the sampling;
+    for the row the detector ends its detector run (absolute path); for the rows the privileged check ends
+    ``privileged_after``. The experts' rows: nothing."""
     if not label.startswith("policy"):
-        return None
-    return os.path.abspath(spec.policy) + (f"@{spec.step}" if spec.step is not None else "")
+        return {}
+    out: dict[str, Any] = {
+        "policy": os.path.abspath(spec.policy) + (f"@{spec.step}" if spec.step is not None else ""),
+        "sampling": sampling_settings(spec.greedy, spec.temperature, spec.top_p, "long-horizon suite")}
+    completion = policy_completion(spec)
+    if label == "policy" and completion in ("detector", "both"):
+        out["detector"] = os.path.abspath(spec.detector)
+    if label == "policy_privileged" or (label == "policy" and completion == "privileged"):
+        out["privileged_after"] = spec.privileged_after
+    return out
 
 
-def _finished(path: str, sampling: dict[str, Any] | None = None, detector: str | None = None,
-              after: int | None = None, policy: str | None = None) -> dict[str, Any] | None:
+def _finished(path: str, expected: dict[str, Any]) -> dict[str, Any] | None:
     """The episode JSON at ``path`` if an earlier run played that episode (not one its game cut short) with
-    the same sampling (an episode written before the sampling was recorded was played at the default),
-    for a policy row the same policy run and for a row the detector ends the same detector run (one
-    written before either was recorded: played again), and for a row the privileged check ends, the same
-    ``privileged_after`` (0 before it was recorded)."""
+    the same ``provenance`` (a key the file lacks reads as ``LEGACY_PROVENANCE`` says, or differs)."""
     if not os.path.exists(path):
         return None
     with open(path) as f:
         row = json.load(f)
     if row.get("interrupted"):
         return None
-    if sampling is not None and row.get("sampling", DEFAULT_SAMPLING) != sampling:
-        return None
-    if policy is not None and row.get("policy") != policy:
-        return None
-    if detector is not None and row.get("detector") != detector:
-        return None
-    if after is not None and row.get("privileged_after", 0) != after:
+    if any(row.get(k, LEGACY_PROVENANCE.get(k)) != v for k, v in expected.items()):
         return None
     return row
 
@@ -274,12 +254,11 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                 budget = spec.max_steps or (task.max_steps if ex_name == "expert" else spec.policy_max_steps)
                 for i in range(spec.episodes):
                     for label, agent in runs:
-                        d = os.path.join(spec.out_dir, "episodes", label)
-                        path = os.path.join(d, f"{task_name}-{spec.seed + i}.json")
-                        sampling, det_run = sampling_of(spec, label), detector_of(spec, label)
-                        after, policy = privileged_after_of(spec, label), policy_of(spec, label)
-                        row = _finished(path, sampling, det_run, after, policy) if spec.resume else None
                         name = f"{task_name}-{spec.seed + i}"
+                        d = os.path.join(spec.out_dir, "episodes", label)
+                        path = os.path.join(d, f"{name}.json")
+                        played_with = provenance(spec, label)
+                        row = _finished(path, played_with) if spec.resume else None
                         if row is not None and spec.records and not episode_shards(spec.out_dir, label, name):
                             row = None  # played without its records: again
                         if row is not None:  # played to the end by an earlier run: read back
@@ -293,14 +272,7 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
                                           if isinstance(agent, HarnessAgent) else res.records)
                         row = _episode_json(res, agent, env.fired)
                         row["executor"] = label
-                        if policy is not None:
-                            row["policy"] = policy
-                        if sampling is not None:
-                            row["sampling"] = sampling
-                        if det_run is not None:
-                            row["detector"] = det_run
-                        if after:
-                            row["privileged_after"] = after
+                        row.update(played_with)
                         os.makedirs(d, exist_ok=True)
                         with open(path + ".tmp", "w") as f:
                             json.dump(row, f, indent=1, default=str)
