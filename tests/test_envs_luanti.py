@@ -366,6 +366,43 @@ def test_a_start_beside_a_trunk_faces_its_gap(env, name):
     assert beside[0] == beside[3] and beside[0] != beside[1]
 
 
+def test_a_start_against_a_trunk_faces_it_level_or_up_into_its_gap_and_the_expert_chops_there(env):
+    """``init.vary.against`` 1: every start is pressed against a face of one trunk (0.82 blocks from its
+    centre, max-norm), facing it within 15 degrees; an intact trunk is seen level (bark fills the view), one
+    without its eye-level log from 20-45 degrees under it; the seed fixes it. The expert gets a log there."""
+    from histeve_jax.envs.base import wrap_degrees, yaw_pitch_to
+
+    task = load_task("mine_log").varied(against=1.0)
+    trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
+    env.randomize_init = True
+    try:
+        starts = [env.reset(seed=s, options={"task": task})[1] for s in (60, 61, 62, 63, 64, 60)]
+        expert = expert_for(task)
+        expert.reset(info := starts[-1])
+        for _ in range(200):
+            _, _, _, _, info = env.step(expert.act(info)[0])
+            if info["success"]:
+                break
+    finally:
+        env.randomize_init = False
+    seen = []
+    for start in starts:
+        x, _, z = start["pos"]
+        near = [max(abs(x - tx), abs(z - tz)) for tx, tz in trunks]
+        k = int(np.argmin(near))
+        tx, tz = trunks[k]
+        assert 0.8 <= near[k] <= 0.85 and min(abs(x - tx), abs(z - tz)) <= 0.36, start["pos"]
+        face = (tx + round(x - tx), tz + round(z - tz))  # the cell the player stands in, beside the face
+        square = yaw_pitch_to((face[0], 10.0, face[1]), (tx, 10.0, tz))[0]
+        assert abs(wrap_degrees(start["yaw"] - square)) <= 15.5, (start["yaw"], square)
+        logs = {tuple(p) for n, p in start["nearby"] if n == "default:tree"}
+        chopped = (tx, 10, tz) not in logs
+        assert (-45.5 <= start["pitch"] <= -19.5) if chopped else (-20.5 <= start["pitch"] <= 20.5), start
+        seen.append((k, tuple(start["pos"]), chopped))
+    assert seen[0] == seen[-1] and {c for _, _, c in seen} == {True, False}, seen
+    assert info["success"] and info["inventory"].get("default:tree", 0) >= 1, info["inventory"]
+
+
 def test_a_dug_start_holds_its_digs_and_the_expert_digs_beside_them(env):
     """``init.vary.dug`` 1: every start is where one or two earlier digs left a policy that digs what its
     crosshair is on (dirt_wall's second and third mine_dirt): looking 25-45 degrees down, the ground nodes

@@ -452,6 +452,9 @@ class LuantiEnv(gym.Env):
                 init["inventory"] = clutter_inventory(init.get("inventory") or [], self.np_random)
             if vary["dug"] and self.np_random.random() < vary["dug"]:  # drawn last, as clutter
                 init.update(self._dug(init))
+            if vary["against"] and trunks and self.np_random.random() < vary["against"]:  # drawn last, as dug
+                k = int(self.np_random.integers(len(trunks)))
+                init["pos"], init["yaw"], init["pitch"], gone[k] = self._against(trunks, k, y)
             if gone.any():
                 init["nodes"] = list(init.get("nodes") or []) + [
                     {"pos": [int(t["pos"][0]), int(t["pos"][1]) + EYE_LOG, int(t["pos"][2])], "name": "air"}
@@ -490,6 +493,31 @@ class LuantiEnv(gym.Env):
             raise ValueError(f"task {self.task.name}: no start beside trunk {trunks[k]} clears the others")
         yaw, _ = yaw_pitch_to((x, y, z), (tx, y, tz))  # level: only the yaw is kept
         return [float(x), float(y), float(z)], float(yaw + self.np_random.uniform(-20, 20))
+
+    def _against(self, trunks: list[tuple[float, float]], k: int,
+                 y: float) -> tuple[list[float], float, float, bool]:
+        """(pos, yaw, pitch, chopped): ``init.vary.against``'s start, pressed against a face of trunk ``k``
+        (0.82 blocks from its centre, +-0.35 along the face, clear of the other trunks), facing it within
+        +-15 degrees. Where a policy that walked on into a trunk stands: half the time the trunk is intact
+        and the look level (+-20 degrees: bark fills the view; wooden_pickaxe's first ``mine_log`` held
+        forward there for its whole budget), half the time its eye-level log is gone and the look 20-45
+        degrees up into the gap (the view after a chop; an injected failure that took that log left a
+        policy attacking the leaves beyond it)."""
+        tx, tz = trunks[k]
+        for _ in range(100):
+            side = int(self.np_random.integers(4))
+            along = float(self.np_random.uniform(-0.35, 0.35))
+            nx, nz = ((1, 0), (-1, 0), (0, 1), (0, -1))[side]
+            x, z = tx + 0.82 * nx + along * nz, tz + 0.82 * nz + along * nx
+            if _clear_of(x, z, trunks[:k] + trunks[k + 1:]):
+                break
+        else:
+            raise ValueError(f"task {self.task.name}: no start against trunk {trunks[k]} clears the others")
+        yaw, _ = yaw_pitch_to((tx + nx, y, tz + nz), (tx, y, tz))  # square to the face
+        chopped = bool(self.np_random.random() < 0.5)
+        pitch = self.np_random.uniform(-45.0, -20.0) if chopped else self.np_random.uniform(-20.0, 20.0)
+        yaw = float(yaw + self.np_random.uniform(-15, 15))
+        return [float(x), float(y), float(z)], yaw, float(pitch), chopped
 
     def _dug(self, init: dict[str, Any]) -> dict[str, Any]:
         """``init.vary.dug``'s start (changes to ``init``): where one or two earlier digs left the player. A

@@ -192,9 +192,13 @@ _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", 
 # player: the second log of wooden_pickaxe is dug from there), and the chance that the inventory starts
 # cluttered as a long-horizon episode leaves it (``clutter_inventory``: leaves on slot 1, each listed stack
 # one slot on and up to two items larger; no task draws it now: README, "The GUI"), and the chance to start
-# where one or two earlier digs left the player (``dug``: dirt_wall's second and third ``mine_dirt``).
-DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0, "clutter": 0.0, "dug": 0.0}
-_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0, "clutter": 1.0, "dug": 1.0}
+# where one or two earlier digs left the player (``dug``: dirt_wall's second and third ``mine_dirt``), and the
+# chance to start pressed against a trunk's face, where a policy that walked on into it stands (``against``:
+# half of them chopped once and looking up into the gap, half intact with bark filling the view).
+DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0, "clutter": 0.0, "dug": 0.0,
+                "against": 0.0}
+_VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0, "clutter": 1.0, "dug": 1.0,
+             "against": 1.0}
 
 
 def _vary_value(key: str, v: Any, where: str) -> float:
