@@ -40,8 +40,9 @@ def task_counts(tasks: tuple[str, ...], default: int, exceptions: str, flag: str
     """Episodes per task: ``default``, except where ``exceptions`` ("task=n,...") says; a bad item is a
     ValueError naming ``flag``."""
     counts = {t: int(default) for t in tasks}
-    for item in filter(None, (p.strip() for p in str(exceptions or "").split(","))):
-        name, eq, n = item.partition("=")
+    items = re.split(r",(?![^\[\]]*\])", str(exceptions or ""))  # not the commas inside a variant's [...]
+    for item in filter(None, (p.strip() for p in items)):
+        name, eq, n = item.rpartition("=")  # "mine_log[against=1]=48": the count after the last "="
         if not eq or not n.strip().isdigit():
             raise ValueError(f"{flag}: {item!r} is not task=episodes")
         if name.strip() not in counts:

@@ -94,6 +94,8 @@ def run(cfg, workdir: str) -> dict:
     """Record cfg.episodes episodes of each of cfg.tasks; returns the summary written to summary.json.
 
     Episodes are written in task order, then seed order, with one game or ``cfg.instances`` in parallel.
+    Entry i of a task resets with seed ``cfg.seed + i``, counted on across entries of one name (a variant
+    ``"mine_log[against=1]"`` or a task file's path after ``"mine_log"``).
     """
     os.makedirs(workdir, exist_ok=True)
     out_dir = cfg.output_dir or os.path.join(workdir, "records")
@@ -106,7 +108,10 @@ def run(cfg, workdir: str) -> dict:
     counts: dict[str, int] = {}  # entries of one name (a shipped task and task files that vary its start)
     for entry, t in zip(cfg.tasks, tasks, strict=True):
         counts[t.name] = counts.get(t.name, 0) + episodes[entry]
-    specs = [(entry, cfg.seed + i) for entry in cfg.tasks for i in range(episodes[entry])]
+    specs, first = [], dict.fromkeys(counts, cfg.seed)  # a name's entries take consecutive seeds: the
+    for entry, t in zip(cfg.tasks, tasks, strict=True):  # variant "mine_log[against=1]" goes on after
+        specs += [(entry, first[t.name] + i) for i in range(episodes[entry])]  # mine_log's, so no seed
+        first[t.name] += episodes[entry]  # of a name is played twice
     stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}
     bar = tqdm(total=len(specs), disable=not cfg.progress_bar, desc="episodes")

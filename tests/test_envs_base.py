@@ -174,6 +174,29 @@ def test_a_task_varied_replaces_only_the_spread_it_names():
         task.varied(clutter=2.0)
 
 
+def test_a_task_variant_by_name_is_the_task_varied(tmp_path):
+    task = load_task("mine_log[against=1, pos=3]")
+    assert task.name == "mine_log" and task.init == load_task("mine_log").varied(against=1.0, pos=3.0).init
+    assert task.source.endswith("mine_log.yaml[against=1,pos=3]")
+    p = tmp_path / "other.yaml"
+    p.write_text(yaml.safe_dump(_task()))
+    assert load_task(f"{p}[gap=0.5]").init["vary"]["gap"] == 0.5  # a task file's path takes one too
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("mine_log[against]", r"'mine_log\[against\]': 'against' is not key=number"),
+    ("mine_log[against=x]", r"'against=x' is not key=number"),
+    ("mine_log[roll=1]", r"unknown init.vary key 'roll'; expected one of \['against'"),
+    ("mine_log[against=2]", r"'mine_log\[against=2\]': task mine_log: init\.vary\.against: must be a number"),
+    ("mine_log[]", r"'mine_log\[\]': empty variant"),
+    ("mine_log]", r"a variant is written name\[key=value,...\]"),
+    ("nope[gap=1]", r"no task named 'nope'"),
+])
+def test_a_bad_task_variant_is_refused_naming_it(spec, msg):
+    with pytest.raises(TaskError, match=msg):
+        load_task(spec)
+
+
 @pytest.mark.parametrize("text", ["dig {count} logs", "dig {slot:tree}", "dig }"])
 def test_a_text_with_another_placeholder_is_refused(text):
     with pytest.raises(TaskError, match=r"<dict>\.text: the only placeholder is \{slot:<mod>:<item>\}"):

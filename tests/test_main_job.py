@@ -45,15 +45,22 @@ def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
     expert."""
     from experiments.configs import imitation, record
     from experiments.configs.evaluate import MAIN_TASKS
+    from experiments.record import episodes_by_task
+    from histeve_jax.envs import load_task
     from histeve_jax.envs.experts import EXPERT_TASKS
     from histeve_jax.train.specs import RunSpec
 
     tiny, pick = imitation.get_config("tiny"), imitation.get_config("pickaxe")
     rec = record.get_config(pick.record.variant)
-    assert tuple(pick.eval.tasks) == tuple(rec.tasks) == (*MAIN_TASKS, "mine_log", "craft_sticks",
-                                                          "craft_wooden_pickaxe")
-    assert set(rec.tasks) <= set(EXPERT_TASKS) and tuple(rec.obs_size) == tuple(pick.data.image_size)
+    assert tuple(pick.eval.tasks) == (*MAIN_TASKS, "mine_log", "craft_sticks", "craft_wooden_pickaxe")
+    # the recorder's: those, then starts of mine_log and mine_dirt the agent's episodes showed (variants)
+    assert tuple(rec.tasks) == (*pick.eval.tasks, "mine_log[beside=1]", "mine_log[against=1]",
+                                "mine_dirt[dug=1]")
+    assert [load_task(t).init["vary"]["against"] for t in rec.tasks[-3:]] == [0.0, 1.0, 0.0]
+    assert {load_task(t).name for t in rec.tasks} <= set(EXPERT_TASKS)
+    assert tuple(rec.obs_size) == tuple(pick.data.image_size)
     assert rec.episodes == pick.record.episodes and rec.task_episodes == pick.record.task_episodes
+    assert sum(episodes_by_task(rec).values()) == 544 and episodes_by_task(rec)["mine_log[against=1]"] == 48
     assert rec.perturb == pick.record.perturb > 0
 
     def flat(c, prefix=""):

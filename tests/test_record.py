@@ -72,13 +72,17 @@ def test_task_files_that_vary_a_shipped_task_add_up_under_its_name(tmp_path):
     path = tmp_path / "place_dirt_turned.yaml"
     path.write_text(yaml.safe_dump(spec))
     cfg = get_config("tiny")
-    cfg.tasks = ("place_dirt", str(path))
+    cfg.tasks = ("place_dirt", str(path), "place_dirt[yaw=180,pos=2]")  # and a variant of its start
     cfg.episodes = 1
-    cfg.task_episodes = f"{path}=2"
+    cfg.task_episodes = f"{path}=2,place_dirt[yaw=180,pos=2]=1"
     cfg.obs_size = (32, 48)
     cfg.progress_bar = False
     summary = run(cfg, str(tmp_path / "run"))
     assert summary["tasks"].keys() == {"place_dirt"}
-    assert summary["tasks"]["place_dirt"]["episodes"] == 3
-    assert summary["tasks"]["place_dirt"]["successes"] == 3
+    assert summary["tasks"]["place_dirt"]["episodes"] == 4
+    assert summary["tasks"]["place_dirt"]["successes"] == 4
     assert summary["tasks"]["place_dirt"]["success_rate"] == 1.0
+    # the entries of one name go on from each other's seeds: no start is played twice
+    records = [r for p in shard_paths(tmp_path / "run" / "records") for r in read_shard(p)]
+    firsts = [r for r in records if r.step == 0]
+    assert [r.episode_id.split("-")[1] for r in firsts] == ["0", "1", "2", "3"]

@@ -71,8 +71,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     p.policy_max_steps = 1200  # per episode, the policy rows (the experts: the task's budget, 330-550 used)
     p.detector_every = 2
     p.greedy = False
-    p.temperature = 1.0
-    p.top_p = 1.0
+    # every held-out agent figure since 2026-12-05 sampled so (the policy's rollouts for its detector too)
+    p.temperature = 0.5
+    p.top_p = 0.8
     p.reports = 2  # HTML reports for the first episodes of each task and row
     p.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
     p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3})

@@ -12,6 +12,7 @@ import ml_collections
 
 from experiments.configs.common import base_config
 from experiments.configs.evaluate import PICKAXE_TASKS, eval_fields
+from experiments.configs.record import PICKAXE_TASK_EPISODES
 
 VARIANTS = ("tiny", "pickaxe", "qwen7b")
 
@@ -80,9 +81,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # temperature 0.5 / top_p 0.8 (stop 37's three fine-tunes in a row had reached 10/20 on them),
         # recorded before the crafts' beside starts and the craft expert's clicks on nothing (README "The
         # craft after the chop").
-        c.record.task_episodes = "mine_log=128"
+        # Since 2026-12-07 also the crafts 48 each (the pickaxe's 112) and the starts the fifth to seventh
+        # fine-tunes added (record.py's PICKAXE_VARIANTS): 544 episodes.
+        c.record.task_episodes = PICKAXE_TASK_EPISODES
         c.record.perturb = 0.5
-        c.record.timeout_s = 2400  # 224 episodes on 2 games: 8.3 min measured
+        c.record.timeout_s = 3600  # 224 episodes on 2 games: 8.3 min measured
         # 16000 steps for 2.7x stop 36's mine_log samples (12000 with 48 demonstrations: at 6000 craft_planks
         # fell to 1/20, held-out loss 0.093; at 12000 it was 20/20 again). 18.6 min here.
         c.num_train_steps = 16000

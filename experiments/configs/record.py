@@ -10,6 +10,11 @@ import ml_collections
 
 from histeve_jax.envs.experts import EXPERT_TASKS
 
+# record.py:pickaxe's starts beyond its tasks' own (task variants) and its episodes per task and variant
+PICKAXE_VARIANTS = ("mine_log[beside=1]", "mine_log[against=1]", "mine_dirt[dug=1]")
+PICKAXE_TASK_EPISODES = ("mine_log=128,craft_planks=48,craft_sticks=48,craft_wooden_pickaxe=112,"
+                         "mine_log[beside=1]=64,mine_log[against=1]=48,mine_dirt[dug=1]=48")
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """Fields: backend, tasks, episodes (per task, with per-task exceptions), obs size, frame format,
@@ -54,12 +59,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif arg == "pickaxe":  # imitation.py:pickaxe's: the main four and the rest of wooden_pickaxe's subtasks
         from experiments.configs.evaluate import PICKAXE_TASKS
 
-        c.tasks = PICKAXE_TASKS
+        # and the starts the long-horizon agent's episodes showed the policy stuck at, each a variant of its
+        # task's start (tasks.load_task's "name[key=value]"), recorded after the task's own starts on the
+        # seeds after them: the player beside a trunk it chopped once (the second log), pressed against a
+        # trunk (bark filling the view, or looking up into its gap), and where dirt_wall's earlier digs
+        # left it (README "The pickaxe variant": the fifth to seventh fine-tunes, recorded here from nothing)
+        c.tasks = PICKAXE_TASKS + PICKAXE_VARIANTS
         c.episodes = 16
         # mine_log starts anywhere in the arena (its task's init.vary): every wooden_pickaxe episode needs
         # it twice, from wherever the harness left the player; half its aims first look off the log
-        # (perturb), so the demonstrations show the way back to it
-        c.task_episodes = "mine_log=128"
+        # (perturb), so the demonstrations show the way back to it. The crafts: as many as the fine-tunes
+        # had (48 each, the pickaxe craft 64 more: its output click is the one it missed most)
+        c.task_episodes = PICKAXE_TASK_EPISODES
         c.perturb = 0.5
         c.obs_size = (112, 196)
         c.instances = 2

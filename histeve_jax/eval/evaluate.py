@@ -110,13 +110,19 @@ def check(spec: EvalSpec) -> Any:
     workdir without a (matching) checkpoint. Returns the loaded policy (or None)."""
     from histeve_jax.envs.experts import expert_for
 
+    names = []
     for name in spec.tasks:
         task = load_task(name)  # TaskError names an unknown task
+        names.append(task.name)
         if "expert" in spec.agents:
             try:
                 expert_for(task)
             except (KeyError, ValueError) as e:
                 raise ValueError(f"eval task {name!r}: no scripted expert ({e})") from e
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # results go by task name: two entries of one name would be pooled under it
+        raise ValueError(f"eval tasks {tuple(spec.tasks)}: {twice} given more than once (a task and its "
+                         "variant or file are evaluated in runs of their own)")
     if "policy" in spec.agents:
         from histeve_jax.eval.policy_agent import load_run
 
@@ -180,7 +186,7 @@ def evaluate(spec: EvalSpec, loaded: Any = None) -> dict[str, Any]:
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
             ray.init(logging_level="ERROR", log_to_driver=False, **kw)
     env_kwargs = {"obs_size": frame_size(spec, loaded), **dict(spec.env)}
-    names = [load_task(t).name for t in spec.tasks]  # a task may be given by its file's path
+    names = [load_task(t).name for t in spec.tasks]  # a task may be given by its file's path or a variant
     summary: dict[str, Any] = {"tasks": names, "agents": list(spec.agents), "results": {},
                                "seeds": [spec.seed + i for i in range(spec.episodes)],
                                "policy": spec.policy, "out_dir": spec.out_dir, "reports": [],

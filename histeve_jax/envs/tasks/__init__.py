@@ -314,8 +314,47 @@ def list_tasks() -> list[str]:
     return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
 
 
+# "<name or path>[key=value,...]": a task with some of its ``init.vary`` replaced (``Task.varied``).
+_VARIANT = re.compile(r"^(?P<base>[^\[\]]+)\[(?P<vary>[^\[\]]*)\]$")
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, float]]:
+    """``"mine_log[against=1,pos=3]"`` -> ``("mine_log", {"against": 1.0, "pos": 3.0})``; a spec without
+    brackets is itself with no change. A malformed spec is a TaskError naming it."""
+    m = _VARIANT.match(spec)
+    if m is None:
+        if "[" in spec or "]" in spec:
+            raise TaskError(f"task {spec!r}: a variant is written name[key=value,...], e.g. "
+                            f"'mine_log[against=1]'")
+        return spec, {}
+    vary: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in m["vary"].split(","))):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if key not in DEFAULT_VARY:
+            raise TaskError(f"task {spec!r}: unknown init.vary key {key!r}; expected one of "
+                            f"{sorted(DEFAULT_VARY)}")
+        try:
+            vary[key] = float(value if eq else "")
+        except ValueError:
+            raise TaskError(f"task {spec!r}: {item!r} is not key=number") from None
+    if not vary:
+        raise TaskError(f"task {spec!r}: empty variant (write the name alone, or name[key=value,...])")
+    return m["base"].strip(), vary
+
+
 def load_task(name_or_path: str | Path) -> Task:
-    """Load a shipped task by name (``"mine_log"``) or any task YAML by path."""
+    """Load a shipped task by name (``"mine_log"``) or any task YAML by path, either followed by a variant
+    of its start's spread, ``"mine_log[against=1]"`` (``Task.varied``; the name stays the base task's)."""
+    if isinstance(name_or_path, str):
+        base, vary = parse_variant(name_or_path)
+        if vary:
+            task = load_task(base)
+            try:
+                varied = task.varied(**vary)
+            except TaskError as e:
+                raise TaskError(f"task {name_or_path!r}: {e}") from e
+            given = ",".join(f"{k}={v:g}" for k, v in vary.items())
+            return dataclasses.replace(varied, source=f"{task.source}[{given}]")
     p = Path(name_or_path)
     if p.suffix not in (".yaml", ".yml"):
         p = TASK_DIR / f"{name_or_path}.yaml"
