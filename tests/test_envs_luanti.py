@@ -1,5 +1,6 @@
 """The Luanti backend against the real game under Xvfb: state read back through the bridge mod and frames."""
 
+import contextlib
 import os
 import signal
 import time
@@ -38,6 +39,16 @@ def _alive(pid: int) -> bool:
 
 def _exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
+
+
+@contextlib.contextmanager
+def randomized(env):
+    """``env`` drawing each reset's start from its seed within the task's ``init.vary``, for the block."""
+    env.randomize_init = True
+    try:
+        yield env
+    finally:
+        env.randomize_init = False
 
 
 @pytest.fixture(scope="module")
@@ -250,15 +261,12 @@ def test_two_resets_give_the_same_state(env):
 
 
 def test_randomized_init_is_a_function_of_the_seed(env):
-    env.randomize_init = True
-    try:
+    with randomized(env):
         _, a = env.reset(seed=11, options={"task": "place_dirt"})
         _, b = env.reset(seed=12, options={"task": "place_dirt"})
         _, c = env.reset(seed=11, options={"task": "place_dirt"})
         _, d = env.reset(seed=11, options={"task": "mine_log"})  # its spread: pitch and gapped trunks too
         _, e = env.reset(seed=11, options={"task": "mine_log"})
-    finally:
-        env.randomize_init = False
     assert a["pos"] == c["pos"] and a["yaw"] == pytest.approx(c["yaw"], abs=1e-6)
     assert a["pos"] != b["pos"]
     assert a["pitch"] == b["pitch"] == pytest.approx(0.0, abs=0.5)  # place_dirt's spread has no pitch
@@ -270,11 +278,8 @@ def test_a_task_spread_draws_the_look_the_game_then_holds(env):
     """craft_planks' ``init.vary`` (any yaw, pitch 25 +- 45): the starts the game reports spread over it."""
     task = load_task("craft_planks")
     vary, init = task.init["vary"], task.init
-    env.randomize_init = True
-    try:
+    with randomized(env):
         starts = [env.reset(seed=s, options={"task": "craft_planks"})[1] for s in range(20, 26)]
-    finally:
-        env.randomize_init = False
     for info in starts:
         assert abs(info["pitch"] - init["pitch"]) <= vary["pitch"] + 0.5, info["pitch"]
         (x, _, z), (x0, _, z0) = info["pos"], init["pos"]
@@ -294,12 +299,9 @@ def test_a_cluttered_start_holds_leaves_on_slot_1_and_the_log_on_slot_2(env):
     task = load_task("craft_planks")
     assert task.init["vary"]["clutter"] == 0.5  # as shipped: half the starts
     with_clutter, task = task.varied(clutter=1.0), task.varied(clutter=0.0)
-    env.randomize_init = True
-    try:
+    with randomized(env):
         starts = [(env.reset(seed=s, options={"task": with_clutter})[1],
                    env.reset(seed=s, options={"task": task})[1]) for s in (50, 51, 52)]
-    finally:
-        env.randomize_init = False
     for info, plain in starts:
         slots = {i: s for i, s in enumerate(info["inventory_slots"], start=1) if s["type"] != "air"}
         assert set(slots) == {1, 2} and slots[1]["type"] == "default:leaves", slots
@@ -317,11 +319,8 @@ def test_mine_logs_starts_clear_the_trunks_and_some_trunks_miss_their_eye_level_
     the arena, never inside a trunk, and trunks without the log at eye level (y 10) on some seeds only."""
     task = load_task("mine_log")
     trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
-    env.randomize_init = True
-    try:
+    with randomized(env):
         starts = [env.reset(seed=s, options={"task": "mine_log"})[1] for s in range(30, 36)]
-    finally:
-        env.randomize_init = False
     xs, gaps = [], []
     for info in starts:
         x, _, z = info["pos"]
@@ -346,11 +345,8 @@ def test_a_start_beside_a_trunk_faces_its_gap(env, name):
 
     task = load_task(name).varied(beside=1.0)
     trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
-    env.randomize_init = True
-    try:
+    with randomized(env):
         starts = [env.reset(seed=s, options={"task": task})[1] for s in (40, 41, 42, 40)]
-    finally:
-        env.randomize_init = False
     beside = []
     for info in starts:
         x, _, z = info["pos"]
@@ -374,8 +370,7 @@ def test_a_start_against_a_trunk_faces_it_level_or_up_into_its_gap_and_the_exper
 
     task = load_task("mine_log").varied(against=1.0)
     trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
-    env.randomize_init = True
-    try:
+    with randomized(env):
         starts = [env.reset(seed=s, options={"task": task})[1] for s in (60, 61, 62, 63, 64, 60)]
         expert = expert_for(task)
         expert.reset(info := starts[-1])
@@ -383,8 +378,6 @@ def test_a_start_against_a_trunk_faces_it_level_or_up_into_its_gap_and_the_exper
             _, _, _, _, info = env.step(expert.act(info)[0])
             if info["success"]:
                 break
-    finally:
-        env.randomize_init = False
     seen = []
     for start in starts:
         x, _, z = start["pos"]
@@ -411,8 +404,7 @@ def test_a_dug_start_holds_its_digs_and_the_expert_digs_beside_them(env):
     from histeve_jax.envs.base import wrap_degrees, yaw_pitch_to
 
     task = load_task("mine_dirt").varied(dug=1.0)
-    env.randomize_init = True
-    try:
+    with randomized(env):
         starts = [env.reset(seed=s, options={"task": task})[1] for s in (50, 51, 52, 53, 50)]
         expert = expert_for(task)
         expert.reset(info := starts[-1])
@@ -422,8 +414,6 @@ def test_a_dug_start_holds_its_digs_and_the_expert_digs_beside_them(env):
                 break
         for _ in range(10):  # the mod lists the nodes nearby every 4th server step (0.2 s)
             _, _, _, _, info = env.step(noop_action())
-    finally:
-        env.randomize_init = False
 
     def grass(i, at):  # the grass tops within 2 blocks (max-norm) of cell `at`: all of them are among the
         # mod's 24 nearest of a kind when the player stands on `at`
@@ -453,8 +443,7 @@ def test_a_dug_start_holds_its_digs_and_the_expert_digs_beside_them(env):
 def test_the_inventory_looks_the_same_from_every_start(env):
     """The GUI backdrop is opaque (``gui_backdrop="opaque"``, the default): two craft_planks starts that
     look different show the same inventory frame, pointer and all."""
-    env.randomize_init = True
-    try:
+    with randomized(env):
         world, gui = [], []
         for seed in (20, 21):
             obs, info = env.reset(seed=seed, options={"task": "craft_planks"})
@@ -463,8 +452,6 @@ def test_the_inventory_looks_the_same_from_every_start(env):
             obs, _, _, _, info = env.step(noop_action())
             assert info["is_gui_open"]
             gui.append(obs["image"].astype(np.int16))
-    finally:
-        env.randomize_init = False
     assert np.abs(world[0] - world[1]).mean() > 10.0
     assert np.abs(gui[0] - gui[1]).mean() < 1.0
 
