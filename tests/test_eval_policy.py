@@ -153,6 +153,10 @@ def test_bad_runs_are_one_clear_error(run_dir, tmp_path):
     (tmp_path / "place_two.yaml").write_text(src.replace("name: place_dirt", "name: place_two"))
     with pytest.raises(ValueError, match="no scripted expert"):
         check(EvalSpec(tasks=(str(tmp_path / "place_two.yaml"),), episodes=1, seed=0, agents=("expert",)))
+    # A task and its variant: results go by task name, so one evaluation takes one entry per name.
+    check(EvalSpec(tasks=("mine_log[against=1]", "place_dirt"), episodes=1, seed=0, agents=("expert",)))
+    with pytest.raises(ValueError, match=r"\['mine_log'\] given more than once"):
+        check(EvalSpec(tasks=("mine_log", "mine_log[against=1]"), episodes=1, seed=0, agents=("expert",)))
     with pytest.raises(ValueError, match="needs policy="):
         EvalSpec(tasks=("place_dirt",), episodes=1, seed=0, agents=("policy",))
     with pytest.raises(ValueError, match="top_p"):
