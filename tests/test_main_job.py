@@ -76,7 +76,7 @@ def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
                        "record.perturb", "num_train_steps",
                        "optimizer.total_steps", "eval_every", "checkpoint_every", "eval.tasks", "eval.agents",
                        "eval.max_steps"}
-    assert pick.optimizer.total_steps == pick.num_train_steps == 16000
+    assert pick.optimizer.total_steps == pick.num_train_steps == 28000
     spec = RunSpec.from_config(pick, "/tmp/unused")
     assert spec.variant == "pickaxe" and spec.data.stride == tiny.data.stride
     with pytest.raises(ValueError, match="unknown config variant 'pickax' for imitation"):
