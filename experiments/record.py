@@ -108,10 +108,12 @@ def run(cfg, workdir: str) -> dict:
     counts: dict[str, int] = {}  # entries of one name (a shipped task and task files that vary its start)
     for entry, t in zip(cfg.tasks, tasks, strict=True):
         counts[t.name] = counts.get(t.name, 0) + episodes[entry]
-    specs, first = [], dict.fromkeys(counts, cfg.seed)  # a name's entries take consecutive seeds: the
-    for entry, t in zip(cfg.tasks, tasks, strict=True):  # variant "mine_log[against=1]" goes on after
-        specs += [(entry, first[t.name] + i) for i in range(episodes[entry])]  # mine_log's, so no seed
-        first[t.name] += episodes[entry]  # of a name is played twice
+    # the entries of one name take consecutive seeds (a variant's go on after the task's own): no seed of a
+    # name is played twice
+    specs, first = [], dict.fromkeys(counts, cfg.seed)
+    for entry, t in zip(cfg.tasks, tasks, strict=True):
+        specs += [(entry, first[t.name] + i) for i in range(episodes[entry])]
+        first[t.name] += episodes[entry]
     stats = {t.name: {"ok": 0, "steps": [], "kept": 0, "interrupted": 0} for t in tasks}
     summary: dict = {"tasks": {}, "output_dir": out_dir}
     bar = tqdm(total=len(specs), disable=not cfg.progress_bar, desc="episodes")
