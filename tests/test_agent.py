@@ -336,7 +336,7 @@ def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_
             assert ep["harness"]["invocations"] == 0 and ep["harness"]["planner_prompt_tokens"] > 0
         goal_only = json.loads((episodes / "policy_goal_only" / "dirt_wall-1000.json").read_text())
         assert goal_only["steps"] == 6  # no planner: the policy acts on the goal's text
-        assert goal_only["sampling"] == {"greedy": False, "temperature": 1.0, "top_p": 1.0}
+        assert goal_only["sampling"] == {"greedy": False, "temperature": 0.5, "top_p": 0.8}  # the default
         report = json.loads((work / "agent_report.json").read_text())
         assert set(report["by_row"]) == {"agent", "privileged", "goal_only", "expert"}
         assert report["by_row"]["agent"]["wilson"][0] == 0.0 and "goal success" in report["table"][0]
@@ -356,7 +356,7 @@ def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_
         assert nucleus.returncode == 0, nucleus.stderr[-3000:]
         for row in ("policy", "policy_privileged", "policy_goal_only"):
             ep = json.loads((episodes / row / "dirt_wall-1000.json").read_text())
-            assert ep["sampling"] == {"greedy": False, "temperature": 1.0, "top_p": 0.9}, row
+            assert ep["sampling"] == {"greedy": False, "temperature": 0.5, "top_p": 0.9}, row
         assert len(server.requests) > requests and expert_episode.stat().st_mtime_ns == written
         assert json.loads((episodes / "policy" / "dirt_wall-1000.json").read_text())["detector"] == det
 
