@@ -1,6 +1,8 @@
 """The grain pipeline: shapes and masks, targets that decode back to the recorded actions and answers,
 history windows, deterministic order, per-host sharding, exact iterator resume and bad-input accounting."""
 
+import collections
+
 import msgpack
 import numpy as np
 import pytest
@@ -117,6 +119,42 @@ def test_iterator_state_resumes_exactly(demo_dir):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
     assert not np.array_equal(first[0]["input_ids"], rest[0]["input_ids"])
+
+
+def test_task_weights_repeat_a_tasks_records_within_an_epoch(demo_dir):
+    """data.task_weights: one epoch holds every record of a weighted task that many times, the others once,
+    in the sampler's shuffle; a resumed iterator goes on exactly as the first would have."""
+    recs = _records(demo_dir)
+    tasks = [r.task_id for r in recs]
+    heavy = tasks[0]
+    weights = {heavy: 3}
+    plain = _all(P.make_batches(demo_dir, SPEC, P.LoaderOptions(**{**SEQ, "batch_size": 1})))
+    got = _all(P.make_batches(demo_dir, SPEC, P.LoaderOptions(**{**SEQ, "batch_size": 1, "shuffle": True,
+                                                                     "task_weights": weights})))
+    want = collections.Counter()
+    for i, t in enumerate(tasks):
+        want[bytes(plain["pixel_values"][i]) + bytes(plain["input_ids"][i])] += 3 if t == heavy else 1
+    seen = collections.Counter(bytes(p) + bytes(i) for p, i in zip(got["pixel_values"], got["input_ids"],
+                                                                     strict=True))
+    assert len(got["input_ids"]) == len(recs) + 2 * tasks.count(heavy) and seen == want
+
+    opts = P.LoaderOptions(batch_size=3, seed=7, shard_count=1, task_weights=weights)
+    ref = P.make_batches(demo_dir, SPEC, opts)
+    [next(ref) for _ in range(4)]
+    state = ref.get_state()
+    resumed = P.make_batches(demo_dir, SPEC, opts)
+    resumed.set_state(state)
+    for a, b in zip([next(ref) for _ in range(5)], [next(resumed) for _ in range(5)], strict=True):
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+
+
+def test_bad_task_weights_name_the_task(demo_dir):
+    tasks = sorted({r.task_id for r in _records(demo_dir)})
+    with pytest.raises(ValueError, match=r"data.task_weights: 'craft_planks' is not a task of the training"
+                                         r" data \(its tasks: \['approach_"):
+        P.make_batches(demo_dir, SPEC, P.LoaderOptions(**SEQ, task_weights={"craft_planks": 2}))
+    with pytest.raises(ValueError, match=f"data.task_weights: {tasks[0]}=0 must be a positive"):
+        P.make_batches(demo_dir, SPEC, P.LoaderOptions(**SEQ, task_weights={tasks[0]: 0}))
 
 
 def _write_raw(path, blobs):

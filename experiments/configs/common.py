@@ -58,6 +58,7 @@ def base_config(stage: str, variant: str) -> ml_collections.ConfigDict:
     c.data.min_samples_for_check = 64
     c.data.skip_null_actions = False  # leave no-op steps out of the demonstrations, as VPT does
     c.data.history_in_regime = False  # history frames only from the current GUI-open/closed run
+    c.data.task_weights = ""  # "craft_planks=8,...": a task's training records repeated that often an epoch
     # The frames' codec: recorded demonstrations are written with it, and the policy acts on live frames
     # passed through it (JPEG's loss alone flipped a craft's move: the train/act gap, closed both ways).
     c.data.frame_format = "jpeg"

@@ -164,6 +164,52 @@ class WindowSource(grain.sources.RandomAccessDataSource):
         return {"record": d, "frames": frames}
 
 
+class TaskWeighted(grain.sources.RandomAccessDataSource):
+    """``source`` with each record of a task repeated ``weights[task]`` times (others once), in record order:
+    sample ``j`` is ``source[index[j]]``, so the sampler's shuffle, sharding and resumable state work on it
+    as on any source. ``tasks`` holds each record's task id (``record_tasks``; None for a record that does
+    not read, which stays once and becomes a bad sample when read)."""
+
+    def __init__(self, source: grain.sources.RandomAccessDataSource, tasks: Sequence[str | None],
+                 weights: Mapping[str, int], where: str = "data.task_weights"):
+        if len(tasks) != len(source):
+            raise ValueError(f"TaskWeighted: {len(tasks)} task ids for {len(source)} records")
+        present = sorted({t for t in tasks if t is not None})
+        for name, w in weights.items():
+            if name not in present:
+                raise ValueError(f"{where}: {name!r} is not a task of the training data "
+                                 f"(its tasks: {present})")
+            if not isinstance(w, int | np.integer) or isinstance(w, bool) or w < 1:
+                raise ValueError(f"{where}: {name}={w!r} must be a positive whole number of repeats")
+        repeats = np.asarray([int(weights.get(t, 1)) if t is not None else 1 for t in tasks], np.int64)
+        self._source = source
+        self._index = np.repeat(np.arange(len(tasks), dtype=np.int64), repeats)
+        self.weights = dict(sorted((k, int(v)) for k, v in weights.items()))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"TaskWeighted({self._source!r}, weights={self.weights})"
+
+    def __getitem__(self, j: int) -> dict[str, Any]:
+        return self._source[int(self._index[int(j)])]
+
+
+def record_tasks(shards: ShardSet) -> list[str | None]:
+    """Each record's task id, in the global order of ``shards`` (None where a record does not read)."""
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    source = ArrayRecordDataSource(shards.paths)
+    tasks: list[str | None] = []
+    for j in range(len(source)):
+        try:
+            tasks.append(R.deserialize(source[j]).task_id)
+        except Exception:  # counted as a bad sample when the pipeline reads it
+            tasks.append(None)
+    return tasks
+
+
 def _reason(e: Exception) -> str:
     """A short, countable reason (the message up to its first detail)."""
     msg = str(e)
@@ -478,6 +524,11 @@ class LoaderOptions:
     min_samples_for_check: int = 64
     shard_index: int | None = None  # None: this JAX process of jax.process_count()
     shard_count: int | None = None
+    # How many times each of a task's records comes in an epoch (task id -> a positive int; tasks not
+    # named: once). The demonstrations' steps are the samples, so a task of long episodes outweighs one
+    # of short episodes by its length: the pickaxe variant's mine_log has 23 steps for each craft_planks
+    # step. ``TaskWeighted`` below.
+    task_weights: Mapping[str, int] | None = None
 
 
 def make_batches(directories: str | Sequence[str], spec: FeatureSpec, options: LoaderOptions) -> Batches:
@@ -494,6 +545,8 @@ def make_batches(directories: str | Sequence[str], spec: FeatureSpec, options: L
                                                  drop_remainder=True)
     source = WindowSource(shards, history=spec.history if spec.kind == "demo" else 0, stride=spec.stride,
                           in_regime=spec.history_in_regime)
+    if options.task_weights:
+        source = TaskWeighted(source, record_tasks(shards), options.task_weights)
     sampler = grain.samplers.IndexSampler(len(source), shuffle=options.shuffle, num_epochs=options.num_epochs,
                                           seed=options.seed)
     ops = [SkipPerturbed()] if spec.kind == "demo" else []

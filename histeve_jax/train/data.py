@@ -123,7 +123,8 @@ def make_iterator(dirs: list[str], data: DataSpec, features: pipeline.FeatureSpe
         worker_count=data.worker_count, worker_buffer_size=data.worker_buffer_size,
         read_threads=data.read_threads, max_bad_fraction=data.max_bad_fraction,
         min_samples_for_check=data.min_samples_for_check,
-        shard_index=jax.process_index(), shard_count=jax.process_count())
+        shard_index=jax.process_index(), shard_count=jax.process_count(),
+        task_weights=dict(data.task_weights) if train else None)
     return pipeline.make_batches(dirs, features, opts)
 
 

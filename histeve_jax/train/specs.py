@@ -20,6 +20,27 @@ def dir_list(value: str | Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def task_weights(value: str | Mapping[str, int] | Any) -> tuple[tuple[str, int], ...]:
+    """``"craft_planks=8,craft_sticks=8"`` (or a mapping) as sorted (task, repeats) pairs; repeats are
+    positive whole numbers."""
+    if isinstance(value, str):
+        items = []
+        for item in filter(None, (p.strip() for p in value.split(","))):
+            name, eq, n = item.partition("=")
+            if not eq or not name.strip() or not n.strip().isdigit():
+                raise ValueError(f"{item!r} is not task=repeats (a positive whole number)")
+            items.append((name.strip(), int(n)))
+    else:
+        items = [(str(k), v) for k, v in dict(value or {}).items()]
+    names = [k for k, _ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a task is named twice in {value!r}")
+    for name, n in items:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{name}={n!r}: repeats must be a positive whole number")
+    return tuple(sorted(items))
+
+
 def _int_pair(value: Any) -> tuple[int, int]:
     h, w = value
     return int(h), int(w)
@@ -109,6 +130,9 @@ class DataSpec:
     # History frames stay within the current GUI-open or GUI-closed run (``pipeline.FeatureSpec``); the
     # policy acts with the same windows (``eval.policy_agent.FrameHistory``). Off for runs saved before it.
     history_in_regime: bool = False
+    # Each training record of a task repeated this many times an epoch ("craft_planks=8,..."; empty: every
+    # record once): ``pipeline.LoaderOptions.task_weights``. The evaluation split is never weighted.
+    task_weights: tuple[tuple[str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +205,8 @@ class RunSpec:
                 raise ValueError(f"config: missing field config.{name}")
         loop = _read(LoopSpec, {k: config[k] for k in _LOOP_FIELDS if k in config}, "config")
         data = _read(DataSpec, config.data, "config.data", {
-            "train_dirs": dir_list, "eval_dirs": dir_list, "image_size": _int_pair})
+            "train_dirs": dir_list, "eval_dirs": dir_list, "image_size": _int_pair,
+            "task_weights": task_weights})
         return cls(
             stage=str(config.stage), variant=str(config.variant), workdir=workdir or str(config.workdir),
             loop=loop, data=data, model=_read(ModelSpec, config.model, "config.model"),
