@@ -73,12 +73,14 @@ def test_the_pickaxe_variant_is_the_main_job_on_seven_tasks():
     assert a.keys() == b.keys()
     changed = {k for k in a if a[k] != b[k]}
     assert changed == {"variant", "workdir", "record.variant", "record.task_episodes", "record.timeout_s",
-                       "record.perturb", "num_train_steps",
+                       "record.perturb", "num_train_steps", "data.task_weights",
                        "optimizer.total_steps", "eval_every", "checkpoint_every", "eval.tasks", "eval.agents",
                        "eval.max_steps"}
     assert pick.optimizer.total_steps == pick.num_train_steps == 28000
     spec = RunSpec.from_config(pick, "/tmp/unused")
     assert spec.variant == "pickaxe" and spec.data.stride == tiny.data.stride
+    weights = dict(spec.data.task_weights)
+    assert weights["craft_planks"] == 8 and "mine_log" not in weights
     with pytest.raises(ValueError, match="unknown config variant 'pickax' for imitation"):
         imitation.get_config("pickax")
     with pytest.raises(ValueError, match="unknown record config variant 'pickax'"):

@@ -157,6 +157,22 @@ def test_bad_task_weights_name_the_task(demo_dir):
         P.make_batches(demo_dir, SPEC, P.LoaderOptions(**SEQ, task_weights={tasks[0]: 0}))
 
 
+def test_a_runs_task_weights_are_read_from_its_config():
+    from experiments.configs import imitation
+    from histeve_jax.train.specs import RunSpec
+
+    c = imitation.get_config("tiny")
+    assert RunSpec.from_config(c, "/tmp/unused").data.task_weights == ()
+    c.data.task_weights = " craft_planks=8, place_dirt=2"
+    assert RunSpec.from_config(c, "/tmp/unused").data.task_weights == (("craft_planks", 8), ("place_dirt", 2))
+    for bad, why in (("craft_planks=x", "'craft_planks=x' is not task=repeats"),
+                     ("craft_planks=0", "craft_planks=0: repeats must be a positive"),
+                     ("craft_planks=2,craft_planks=3", "a task is named twice")):
+        c.data.task_weights = bad
+        with pytest.raises(ValueError, match=f"config.data.task_weights={bad!r}: {why}"):
+            RunSpec.from_config(c, "/tmp/unused")
+
+
 def _write_raw(path, blobs):
     from array_record.python.array_record_module import ArrayRecordWriter
 
