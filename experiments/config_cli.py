@@ -39,13 +39,15 @@ def define_config_and_workdir(config_name: str, help_text: str) -> None:
 def task_counts(tasks: tuple[str, ...], default: int, exceptions: str, flag: str) -> dict[str, int]:
     """Episodes per task: ``default``, except where ``exceptions`` ("task=n,...") says; a bad item is a
     ValueError naming ``flag``."""
+    from histeve_jax.train.specs import task_number_pairs
+
     counts = {t: int(default) for t in tasks}
-    items = re.split(r",(?![^\[\]]*\])", str(exceptions or ""))  # not the commas inside a variant's [...]
-    for item in filter(None, (p.strip() for p in items)):
-        name, eq, n = item.rpartition("=")  # "mine_log[against=1]=48": the count after the last "="
-        if not eq or not n.strip().isdigit():
-            raise ValueError(f"{flag}: {item!r} is not task=episodes")
-        if name.strip() not in counts:
-            raise ValueError(f"{flag}: {name.strip()!r} is not one of the recorded tasks {tuple(tasks)}")
-        counts[name.strip()] = int(n)
+    try:
+        pairs = task_number_pairs(exceptions, "episodes")
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from e
+    for name, n in pairs:
+        if name not in counts:
+            raise ValueError(f"{flag}: {name!r} is not one of the recorded tasks {tuple(tasks)}")
+        counts[name] = n
     return counts

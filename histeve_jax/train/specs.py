@@ -9,6 +9,7 @@ silently ignored) and converts it (directory lists, image sizes as tuples, dtype
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,16 +21,25 @@ def dir_list(value: str | Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def task_number_pairs(text: str, unit: str) -> list[tuple[str, int]]:
+    """``"craft_planks=8,mine_log[against=1]=48"`` as (task, n) pairs in order: a task may carry a variant's
+    ``[k=v,...]`` (commas inside brackets kept; the number is after the last "="). A bad item is a ValueError
+    "'<item>' is not task=<unit>". Per-task episode counts (``experiments.config_cli.task_counts``) and
+    sampling weights (``task_weights``) are written so."""
+    pairs = []
+    for item in filter(None, (p.strip() for p in re.split(r",(?![^\[\]]*\])", str(text or "")))):
+        name, eq, n = item.rpartition("=")
+        if not eq or not name.strip() or not n.strip().isdigit():
+            raise ValueError(f"{item!r} is not task={unit}")
+        pairs.append((name.strip(), int(n)))
+    return pairs
+
+
 def task_weights(value: str | Mapping[str, int] | Any) -> tuple[tuple[str, int], ...]:
     """``"craft_planks=8,craft_sticks=8"`` (or a mapping) as sorted (task, repeats) pairs; repeats are
     positive whole numbers."""
     if isinstance(value, str):
-        items = []
-        for item in filter(None, (p.strip() for p in value.split(","))):
-            name, eq, n = item.partition("=")
-            if not eq or not name.strip() or not n.strip().isdigit():
-                raise ValueError(f"{item!r} is not task=repeats (a positive whole number)")
-            items.append((name.strip(), int(n)))
+        items = task_number_pairs(value, "repeats (a positive whole number)")
     else:
         items = [(str(k), v) for k, v in dict(value or {}).items()]
     names = [k for k, _ in items]
