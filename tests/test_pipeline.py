@@ -62,6 +62,45 @@ def test_demo_targets_decode_to_recorded_actions(demo_dir, vocab):
         assert rec.instruction in tok.decode(x["input_ids"][i, :n])
 
 
+@pytest.mark.parametrize("dual_mouse", [True, False])
+def test_every_target_is_an_action_the_policys_grammar_can_sample(demo_dir, dual_mouse):
+    """Train and serve write actions alike: each sample's target action tokens, GUI rows included, are a
+    path through the sampler's grammar for the row's regime (``actions.grammar``, built from the same
+    ``dual_mouse``), and decode to the recorded action. Without Dual-Mouse (the ablation's rows) no target
+    holds a GUI type or cursor token; the pipeline had written them when it added the action tokens to the
+    tokenizer itself, which the ablation's no-Dual-Mouse rows then could not sample (2026-12-07)."""
+    import dataclasses
+
+    from histeve_jax.actions.codebook import Regime
+    from histeve_jax.actions.grammar import DONE, build_grammar, start_state
+    from histeve_jax.actions.tokens import ActionVocab
+
+    spec = dataclasses.replace(SPEC, dual_mouse=dual_mouse)
+    tok, av = P.load_tokenizer_with_actions(spec)
+    assert av.dual_mouse is dual_mouse
+    served = ActionVocab(av.codebook, av.ids, dual_mouse)  # as PolicyConfig.vocab builds the sampler's
+    g = build_grammar(served, len(tok))
+    allowed, nxt = np.asarray(g.allowed), np.asarray(g.next_state)
+    cursor = np.concatenate(av.slots.mouse[Regime.GUI])
+    gui_only = set(av.ids[[av.slots.type[Regime.GUI], *cursor[cursor >= 0]]].tolist())
+    x = _all(P.make_batches(demo_dir, spec, P.LoaderOptions(**SEQ)))
+    recs = _records(demo_dir)
+    assert any(r.is_gui_open for r in recs) and not all(r.is_gui_open for r in recs)
+    for i, rec in enumerate(recs):
+        target = x["targets"][i][x["loss_mask"][i] > 0][:-1]  # the action, without <|im_end|>
+        state = int(start_state(np.asarray([int(rec.is_gui_open)]))[0])
+        for t in target.tolist():
+            assert allowed[state, t], (rec.episode_id, rec.step, target, t)
+            state = int(nxt[state, t])
+        assert state == DONE
+        assert dual_mouse or not gui_only & set(target.tolist()), (rec.is_gui_open, target)
+        action, regime = served.decode(target)
+        assert int(regime) == (int(rec.is_gui_open) if dual_mouse else 0)
+        want = discrete_to_env(env_to_discrete(rec.action, "vpt"), "vpt")
+        assert {k: int(action[k]) for k in R.BINARY_KEYS} == {k: int(want[k]) for k in R.BINARY_KEYS}
+        np.testing.assert_allclose(action["camera"], want["camera"])
+
+
 def test_history_frames_are_stride_apart_and_clamped_to_the_episode_start(demo_dir):
     recs = _records(demo_dir)
     x = _all(P.make_batches(demo_dir, SPEC, P.LoaderOptions(**SEQ)))

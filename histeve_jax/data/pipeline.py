@@ -383,14 +383,16 @@ class FeatureSpec:
 
 
 def load_tokenizer_with_actions(spec: FeatureSpec) -> tuple[Any, Any]:
-    """(the Qwen tokenizer with the Dual-Mouse tokens added, their ActionVocab)."""
+    """(the Qwen tokenizer with the Dual-Mouse tokens added, their ActionVocab writing actions as
+    ``spec.dual_mouse`` says: whether the tokenizer had the tokens or they were added here)."""
     from histeve_jax.actions.tokens import ActionVocab, add_action_tokens, token_strings
     from histeve_jax.data.tokenizer import load_qwen_tokenizer
 
     tok = load_qwen_tokenizer(spec.tokenizer_path)
     if tok.convert_tokens_to_ids(token_strings(spec.codebook)[0]) in (None, tok.unk_token_id):
-        return tok, add_action_tokens(tok, spec.codebook)
-    vocab = ActionVocab.from_tokenizer(tok, spec.codebook)
+        vocab = add_action_tokens(tok, spec.codebook)
+    else:
+        vocab = ActionVocab.from_tokenizer(tok, spec.codebook)
     return tok, dataclasses.replace(vocab, dual_mouse=spec.dual_mouse)
 
 
