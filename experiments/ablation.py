@@ -9,9 +9,9 @@ first row), the same steps, seed and held-out evaluation seeds:
 (a) ``shared``: one RMSNorm scale and one mouse token set; (b) ``rs_norm``: RS-Norm only; (c) ``dual_mouse``:
 Dual-Mouse only; (d) ``full``: both (evaluated beside the scripted expert); then (d) initialised from stage 1
 (``full_wk``: ``experiments.world_knowledge``) and (d) after stage 3 on the GUI task (``full_rl``:
-``experiments.rl`` for ``rl_minutes``). Each row's success per task with 95% Wilson intervals, and the GUI
-tasks (craft, smelt) and world tasks averaged apart, as the paper reports them; ``ablation.json`` in the
-workdir. A row whose evaluation exists is not rerun. The last line:
+``experiments.rl`` for ``rl_minutes``, with ``config.rl``'s overrides). Each row's success per task with
+95% Wilson intervals, and the GUI tasks (craft, smelt) and world tasks averaged apart, as the paper reports
+them; ``ablation.json`` in the workdir. A row whose evaluation exists is not rerun. The last line:
 ``gui_shared=<x> gui_full=<y> world_shared=<z> world_full=<w>``.
 """
 
@@ -81,7 +81,7 @@ def rl_args(c, workdir: str) -> list[str]:
     return [f"--config.workdir={os.path.join(workdir, 'full_rl')}",
             f"--config.start_run={os.path.join(workdir, 'full')}", f"--config.task={c.rl_task}",
             f"--config.train_minutes={c.rl_minutes}", f"--config.eval.seed={c.eval.seed}",
-            f"--config.eval.episodes={c.eval.episodes}"]
+            f"--config.eval.episodes={c.eval.episodes}", *(f"--config.{kv}" for kv in c.rl)]
 
 
 def rl_row(c, workdir: str) -> dict:

@@ -37,12 +37,13 @@ def test_the_rl_row_is_a_command_line_experiments_rl_accepts(tmp_path):
     c = get_config()
     code = ("import sys, json; from absl import flags; import experiments.rl; "
             "flags.FLAGS(['rl', *sys.argv[1:]]); c = flags.FLAGS.config; print(json.dumps("
-            "[c.workdir, c.start_run, c.task, c.train_minutes, c.eval.seed, c.eval.episodes]))")
+            "[c.workdir, c.start_run, c.task, c.train_minutes, c.eval.seed, c.eval.episodes, "
+            "c.learner.learning_rate, c.rl.replay_rows]))")
     out = subprocess.run([sys.executable, "-c", code, *rl_args(c, str(tmp_path))], capture_output=True,
                          text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     want = [str(tmp_path / "full_rl"), str(tmp_path / "full"), c.rl_task, c.rl_minutes, c.eval.seed,
-            c.eval.episodes]
+            c.eval.episodes, 3e-5, 8]  # the row's overrides (config.rl) reach the RL config
     assert json.loads(out.stdout.strip().splitlines()[-1]) == want
 
 

@@ -25,6 +25,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The RL row: stage 3 on the GUI task from the full row, for this many minutes (0: no RL row).
     c.rl_minutes = 20.0
     c.rl_task = "craft_planks"
+    # Overrides of experiments.rl's config for the RL row ("key=value", as `imitation`). At rl.py's defaults
+    # (1e-4, 4 replayed demonstrations a batch) stage 3 undid the full row's crafting twice (0.60 -> 0.25 on
+    # 2026-12-04, 0.85 -> 0.30 on 2026-12-07); at 3e-5 with 8 it went 0.70 -> 0.90 (README, "Stage 3").
+    c.rl = ("learner.learning_rate=3e-5", "rl.replay_rows=8")
     # Overrides of the imitation main job's config (experiments/configs/imitation.py:tiny) for every row, as
     # "key=value" strings handed to it on its command line.
     c.imitation = ()
