@@ -102,7 +102,8 @@ def test_a_start_spread_fills_in_the_defaults():
     assert task_from_dict(_task(init={"vary": {"yaw": 180}})).init["vary"] == {"pos": 0.25, "yaw": 180.0,
                                                                               "pitch": 0.0, "gap": 0.0,
                                                                               "beside": 0.0, "clutter": 0.0,
-                                                                              "dug": 0.0, "against": 0.0}
+                                                                              "dug": 0.0, "against": 0.0,
+                                                                              "far": 0.0}
     assert "vary" not in task_from_dict(_task()).init
     # The crafts start anywhere in mine_log's arena, looking anywhere (wooden_pickaxe hands them that view).
     craft, mine = load_task("craft_planks").init, load_task("mine_log").init

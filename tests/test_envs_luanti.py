@@ -396,6 +396,39 @@ def test_a_start_against_a_trunk_faces_it_level_or_up_into_its_gap_and_the_exper
     assert info["success"] and info["inventory"].get("default:tree", 0) >= 1, info["inventory"]
 
 
+def test_a_far_start_lies_away_from_every_trunk_and_the_expert_walks_to_a_log(env):
+    """``init.vary.far`` 1: every start lies in the arena at least FAR_FROM_TREES blocks from each trunk's
+    centre (where the harness's teleports leave the player), the look the seed drew kept; the seed fixes it,
+    and the trees stand as the task's other draws left them. The expert walks to a trunk and gets a log."""
+    from histeve_jax.envs.tasks import FAR_FROM_TREES
+
+    task = load_task("mine_log").varied(far=1.0)
+    plain = load_task("mine_log")
+    trunks = [(t["pos"][0], t["pos"][2]) for t in task.init["trees"]]
+    with randomized(env):
+        starts = [env.reset(seed=s, options={"task": task})[1] for s in (70, 71, 72, 70)]
+        looks = [env.reset(seed=s, options={"task": plain})[1] for s in (70, 71)]
+        expert = expert_for(task)
+        expert.reset(info := env.reset(seed=71, options={"task": task})[1])
+        walked = 0.0
+        for _ in range(400):
+            last = info["pos"]
+            _, _, _, _, info = env.step(expert.act(info)[0])
+            walked += float(np.hypot(info["pos"][0] - last[0], info["pos"][2] - last[2]))
+            if info["success"]:
+                break
+    for start in starts:
+        x, _, z = start["pos"]
+        assert abs(x) <= 10.6 and abs(z) <= 10.6, start["pos"]
+        assert min(np.hypot(x - tx, z - tz) for tx, tz in trunks) >= FAR_FROM_TREES - 0.05, start["pos"]
+    assert starts[0]["pos"] == starts[3]["pos"] and starts[0]["pos"] != starts[1]["pos"]
+    for start, look in zip(starts[:2], looks, strict=True):  # the yaw and pitch the plain start drew
+        turned = abs(base.wrap_degrees(start["yaw"] - look["yaw"]))
+        assert turned < 0.5 and abs(start["pitch"] - look["pitch"]) < 0.5, (start, look)
+    assert info["success"] and info["inventory"].get("default:tree", 0) >= 1, info["inventory"]
+    assert walked >= FAR_FROM_TREES - 3.0, walked  # it walked to the trunk (reach ~3.6 blocks)
+
+
 def test_a_dug_start_holds_its_digs_and_the_expert_digs_beside_them(env):
     """``init.vary.dug`` 1: every start is where one or two earlier digs left a policy that digs what its
     crosshair is on (dirt_wall's second and third mine_dirt): looking 25-45 degrees down, the ground nodes

@@ -64,11 +64,11 @@ from histeve_jax.envs.base import (
     yaw_pitch_to,
 )
 from histeve_jax.envs.cursor import draw_cursor
-from histeve_jax.envs.luanti.arena import DEFAULT_POS, EYE_LOG, GROUND_Y, reset_ops
+from histeve_jax.envs.luanti.arena import ARENA_RADIUS, DEFAULT_POS, EYE_LOG, GROUND_Y, reset_ops
 from histeve_jax.envs.luanti.process import GameCrashed, GameError, GameHung, LuantiProcess
 from histeve_jax.envs.luanti.xinput import BUTTONS as MOUSE_BUTTONS
 from histeve_jax.envs.luanti.xinput import XInput
-from histeve_jax.envs.tasks import DEFAULT_VARY, Task, clutter_inventory, load_task
+from histeve_jax.envs.tasks import DEFAULT_VARY, FAR_FROM_TREES, Task, clutter_inventory, load_task
 
 # What a vanished X server or world directory raises from Xlib, mss or the file system (TimeoutError, from a
 # window that never appears, is an OSError).
@@ -455,6 +455,8 @@ class LuantiEnv(gym.Env):
             if vary["against"] and trunks and self.np_random.random() < vary["against"]:  # drawn last, as dug
                 k = int(self.np_random.integers(len(trunks)))
                 init["pos"], init["yaw"], init["pitch"], gone[k] = self._against(trunks, k, y)
+            if vary["far"] and trunks and self.np_random.random() < vary["far"]:  # drawn last, as against
+                init["pos"] = self._far(trunks, y)
             if gone.any():
                 init["nodes"] = list(init.get("nodes") or []) + [
                     {"pos": [int(t["pos"][0]), int(t["pos"][1]) + EYE_LOG, int(t["pos"][2])], "name": "air"}
@@ -518,6 +520,19 @@ class LuantiEnv(gym.Env):
         pitch = self.np_random.uniform(-45.0, -20.0) if chopped else self.np_random.uniform(-20.0, 20.0)
         yaw = float(yaw + self.np_random.uniform(-15, 15))
         return [float(x), float(y), float(z)], yaw, float(pitch), chopped
+
+    def _far(self, trunks: list[tuple[float, float]], y: float) -> list[float]:
+        """``init.vary.far``'s start: anywhere in the arena (1.5 blocks inside its edge) at least
+        ``FAR_FROM_TREES`` blocks from every trunk's centre, the look the seed drew for the task's own start
+        kept. Where the harness's teleports (``harness.inject.OPEN_SPOTS``) and a policy that wandered off
+        leave the player: mine_log's own starts lie mostly within a few blocks of a trunk."""
+        edge = ARENA_RADIUS - 1.5
+        for _ in range(1000):
+            x, z = self.np_random.uniform(-edge, edge, size=2)
+            if all(np.hypot(x - tx, z - tz) >= FAR_FROM_TREES for tx, tz in trunks):
+                return [float(x), float(y), float(z)]
+        raise ValueError(f"task {self.task.name}: init.vary.far: no start in the arena is {FAR_FROM_TREES} "
+                         f"blocks from every trunk of {trunks}")
 
     def _dug(self, init: dict[str, Any]) -> dict[str, Any]:
         """``init.vary.dug``'s start (changes to ``init``): where one or two earlier digs left the player. A

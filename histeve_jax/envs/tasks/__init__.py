@@ -194,11 +194,14 @@ _INIT_KEYS = {"pos", "yaw", "pitch", "time_of_day", "hp", "inventory", "trees", 
 # one slot on and up to two items larger; no task draws it now: README, "The GUI"), and the chance to start
 # where one or two earlier digs left the player (``dug``: dirt_wall's second and third ``mine_dirt``), and the
 # chance to start pressed against a trunk's face, where a policy that walked on into it stands (``against``:
-# half of them chopped once and looking up into the gap, half intact with bark filling the view).
+# half of them chopped once and looking up into the gap, half intact with bark filling the view), and the
+# chance to start far from every trunk (``far``: at least ``FAR_FROM_TREES`` blocks, anywhere in the arena,
+# where the harness's teleports and a policy that wandered off leave the player: a mine_log from there walks).
 DEFAULT_VARY = {"pos": 0.25, "yaw": 15.0, "pitch": 0.0, "gap": 0.0, "beside": 0.0, "clutter": 0.0, "dug": 0.0,
-                "against": 0.0}
+                "against": 0.0, "far": 0.0}
 _VARY_MAX = {"pos": 10.0, "yaw": 180.0, "pitch": 89.5, "gap": 1.0, "beside": 1.0, "clutter": 1.0, "dug": 1.0,
-             "against": 1.0}
+             "against": 1.0, "far": 1.0}
+FAR_FROM_TREES = 6.0  # blocks (Euclidean, trunk centre to the player) of ``init.vary.far``'s starts
 
 
 def _vary_value(key: str, v: Any, where: str) -> float:
