@@ -78,7 +78,8 @@ def test_every_target_is_an_action_the_policys_grammar_can_sample(demo_dir, dual
     spec = dataclasses.replace(SPEC, dual_mouse=dual_mouse)
     tok, av = P.load_tokenizer_with_actions(spec)
     assert av.dual_mouse is dual_mouse
-    served = ActionVocab(av.codebook, av.ids, dual_mouse)  # as PolicyConfig.vocab builds the sampler's
+    # the sampler's slots and dual_mouse, as PolicyConfig.vocab has them
+    served = ActionVocab(av.codebook, av.ids, dual_mouse)
     g = build_grammar(served, len(tok))
     allowed, nxt = np.asarray(g.allowed), np.asarray(g.next_state)
     cursor = np.concatenate(av.slots.mouse[Regime.GUI])
