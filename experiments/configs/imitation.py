@@ -82,11 +82,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # recorded before the crafts' beside starts and the craft expert's clicks on nothing (README "The
         # craft after the chop").
         # Since 2026-12-07 also the crafts 48 each (the pickaxe's 112) and the starts the fifth to seventh
-        # fine-tunes added (record.py's PICKAXE_VARIANTS): 544 episodes; since stop 50 also 64 mine_log
-        # starts far from every trunk (where the harness's teleport leaves the player): 608.
+        # fine-tunes added (record.py's PICKAXE_VARIANTS): 544 episodes.
         c.record.task_episodes = PICKAXE_TASK_EPISODES
         c.record.perturb = 0.5
-        c.record.timeout_s = 3600  # 224 episodes on 2 games: 8.3 min measured; 544: 19.5 min
+        c.record.timeout_s = 3600  # 224 episodes on 2 games: 8.3 min measured; these 544: 19.5 min
         # 16000 steps for 2.7x stop 36's mine_log samples (12000 with 48 demonstrations: at 6000 craft_planks
         # fell to 1/20, held-out loss 0.093; at 12000 it was 20/20 again). 18.6 min here. With the 544
         # episodes, 16000 steps crafted planks in 0 of 20 held-out episodes at temperature 1 and sticks in 0

@@ -11,9 +11,9 @@ import ml_collections
 from histeve_jax.envs.experts import EXPERT_TASKS
 
 # record.py:pickaxe's starts beyond its tasks' own (task variants) and its episodes per task and variant
-PICKAXE_VARIANTS = ("mine_log[beside=1]", "mine_log[against=1]", "mine_log[far=1]", "mine_dirt[dug=1]")
+PICKAXE_VARIANTS = ("mine_log[beside=1]", "mine_log[against=1]", "mine_dirt[dug=1]")
 PICKAXE_TASK_EPISODES = ("mine_log=128,craft_planks=48,craft_sticks=48,craft_wooden_pickaxe=112,"
-                         "mine_log[beside=1]=64,mine_log[against=1]=48,mine_log[far=1]=64,mine_dirt[dug=1]=48")
+                         "mine_log[beside=1]=64,mine_log[against=1]=48,mine_dirt[dug=1]=48")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -63,9 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # task's start (tasks.load_task's "name[key=value]"), recorded after the task's own starts on the
         # seeds after them: the player beside a trunk it chopped once (the second log), pressed against a
         # trunk (bark filling the view, or looking up into its gap), and where dirt_wall's earlier digs
-        # left it (README "The pickaxe variant": the fifth to seventh fine-tunes, recorded here from nothing);
-        # since 2026-12-07 also starts >= 6 blocks from every trunk, where the harness's teleport leaves the
-        # player before wooden_pickaxe's second mine_log (only 25 of mine_log's own 128 start that far)
+        # left it (README "The pickaxe variant": the fifth to seventh fine-tunes, recorded here from nothing)
         c.tasks = PICKAXE_TASKS + PICKAXE_VARIANTS
         c.episodes = 16
         # mine_log starts anywhere in the arena (its task's init.vary): every wooden_pickaxe episode needs
