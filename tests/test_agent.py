@@ -196,6 +196,65 @@ def test_an_invocation_whose_inputs_are_taken_ends_at_once_and_is_replanned(runs
     assert plans[:2] == ["craft_planks(count=4)", "mine_log(count=1)"], plans
 
 
+class _LooksUpThenStands:
+    """An executor at a fixed point, as the policy under a canopy: it looks 30 degrees up over its first
+    three steps, then stands doing nothing, whatever it sees or is asked."""
+
+    name = "looks_up_then_stands"
+
+    def __init__(self):
+        self.n = 0
+
+    def start(self, subtask, obs, info, instruction=""):
+        self.label = subtask.label
+
+    def act(self, obs, info):
+        from histeve_jax.eval.rollout import Decision
+
+        self.n += 1
+        action = noop_action()
+        if self.n <= 3:
+            action["camera"] = np.array([-10.0, 0.0], np.float32)
+        return Decision(action=action, subtask=self.label)
+
+
+@pytest.mark.game
+def test_a_stalled_invocation_ends_and_the_harness_backs_off_levels_and_turns_before_asking_again(env):
+    """``HarnessSpec.stall_patience``: mine_log ends as a stall once the player has stood still that many
+    steps (not at its budget); the harness's own steps follow (recorded as ``unstick``, no detector unit),
+    and the game's state after them is the player about a block back, the view level and turned by the
+    drawn yaw; then the same subtask is asked again (a local recovery)."""
+    from histeve_jax.harness.controller import UNSTICK_BACK
+
+    patience = 30
+    agent = HarnessAgent(RulesPlanner(), _LooksUpThenStands(), load_schemas(),
+                         HarnessSpec(stall_patience=patience))
+    res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=3 + patience + 30)
+    assert not res.interrupted, res.error
+    first = agent.memory.to_json()["episodic"][0]
+    assert first["subtask"] == "mine_log(count=1)" and first["diagnostics"]["ended_by"] == "stall", first
+    assert first["decision"] == "recover" and first["outcome"] == "failure", first
+    assert 3 + patience <= first["cost"] <= 3 + patience + 5, first  # the pitch reads a few steps late
+    reasons = first["diagnostics"]["reasons"]
+    assert any(r.startswith(f"the player stood still for {patience} steps") for r in reasons), reasons
+    (ev,) = [e for e in agent.events if e["kind"] == "unstick"]
+    start, n = ev["step"], ev["payload"]["actions"]
+    dpitch, dyaw = ev["payload"]["turn"]
+    assert start == first["cost"] and n > UNSTICK_BACK, ev
+    records = agent.label_records(res.records)
+    assert [r.subtask for r in records[start:start + n]] == ["unstick"] * n
+    assert {r.metadata["harness"]["invocation"] for r in records[start:start + n]} == {-1}
+    assert records[start - 1].subtask == records[start + n].subtask == "mine_log(count=1)"
+    assert agent.invocations == 2 and agent.current.label == "mine_log(count=1)"
+    before, after = records[start].metadata, records[-1].metadata  # the game's privileged pose
+    assert before["pitch"] == pytest.approx(-dpitch, abs=1.5)
+    assert after["pitch"] == pytest.approx(0.0, abs=1.5)
+    turned = (after["yaw"] - before["yaw"] + 180.0) % 360.0 - 180.0
+    assert turned == pytest.approx(dyaw, abs=2.0), (before["yaw"], after["yaw"], dyaw)
+    moved = np.hypot(after["pos"][0] - before["pos"][0], after["pos"][2] - before["pos"][2])
+    assert 0.5 <= moved <= 2.5, (before["pos"], after["pos"])
+
+
 def test_the_detector_sees_each_frame_through_the_policys_codec(runs):
     """The detector was trained on the recorded (JPEG) frames: in the loop it is asked about each live
     frame's JPEG round trip, as the policy acts on it."""

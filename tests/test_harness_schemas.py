@@ -234,6 +234,43 @@ def test_visual_change_is_the_mean_signature_difference():
     assert mon.push(black, {"pos": (5, 8.5, 0)}) and "moved 5.0 blocks" in mon.reason
 
 
+def test_the_stall_monitor_counts_still_steps_outside_the_gui_and_the_unstick_motion_levels_and_turns():
+    """Still = the privileged pose within STALL_MOVE / STALL_TURN of where the run began and the items
+    unchanged (yaw across 360 counts as still); a move, a turn, an item or an open GUI starts the run again.
+    ``unstick_actions``: UNSTICK_BACK steps back, then turns of at most UNSTICK_MAX_TURN summing to the
+    pitch levelled and a yaw in UNSTICK_TURN either way, reproducible from its rng."""
+    from histeve_jax.harness.controller import UNSTICK_BACK, UNSTICK_MAX_TURN, UNSTICK_TURN, unstick_actions
+    from histeve_jax.harness.verify import StallMonitor
+
+    with pytest.raises(ValueError, match="patience must be > 0"):
+        StallMonitor(0)
+    base = {"pos": (1.0, 8.5, 2.0), "yaw": 359.6, "pitch": -40.0, "inventory": {"default:tree": 1}}
+    mon = StallMonitor(3)
+    assert not mon.push(base)  # the run's anchor
+    assert not mon.push({**base, "pos": (1.03, 8.5, 2.0), "yaw": 0.4})  # within 0.05 blocks, across 360
+    assert not mon.push(base) and mon.still == 2
+    assert mon.push({**base, "pitch": -39.2}) and mon.still == 3
+    for change in ({"pos": (1.1, 8.5, 2.0)}, {"yaw": 1.0}, {"pitch": -38.5},
+                   {"inventory": {"default:tree": 2}}, {"is_gui_open": True}):
+        mon = StallMonitor(2)
+        mon.push(base), mon.push(base)
+        assert not mon.push({**base, **change}) and mon.still == 0, change
+    assert not StallMonitor(1).push({"yaw": 0.0})  # no pose in the info: never still
+
+    acts = unstick_actions(base, np.random.default_rng(0))
+    assert all(a["back"] == 1 and not np.any(a["camera"]) for a in acts[:UNSTICK_BACK])
+    turns = np.array([a["camera"] for a in acts[UNSTICK_BACK:]])
+    assert len(turns) and np.abs(turns).max() <= UNSTICK_MAX_TURN + 1e-5
+    assert not any(a["back"] or a["attack"] for a in acts[UNSTICK_BACK:])
+    dpitch, dyaw = turns.sum(0)
+    assert dpitch == pytest.approx(40.0, abs=1e-3) and UNSTICK_TURN[0] <= abs(dyaw) <= UNSTICK_TURN[1]
+    again = unstick_actions(base, np.random.default_rng(0))
+    assert np.array_equal(np.array([a["camera"] for a in again]), np.array([a["camera"] for a in acts]))
+    yaws = {np.sign(np.sum([a["camera"][1] for a in unstick_actions(base, np.random.default_rng(s))]))
+            for s in range(20)}
+    assert yaws == {-1.0, 1.0}
+
+
 @pytest.mark.parametrize("outcome, applicable, failures, changed, recoveries, want", [
     ("success", True, [], True, 5, "advance"),
     ("failure", True, [("stalled", True)], False, 0, "recover"),

@@ -76,7 +76,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     p.top_p = 0.8
     p.reports = 2  # HTML reports for the first episodes of each task and row
     p.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
-    p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3})
+    # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
+    # and the harness backs off and turns (HarnessSpec); 0: off
+    p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
+                                              "stall_patience": 0})
     c.play = p
 
     c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)

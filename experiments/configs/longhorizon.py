@@ -46,7 +46,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "base_url": "", "model": "gpt-4o", "api_key": "", "timeout_s": 60.0, "max_attempts": 3,
         "max_tokens": 128})
     c.local_model = ""  # planner=local: a Qwen2.5-VL save_pretrained directory
-    c.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3})
+    # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
+    # and the harness backs off and turns (HarnessSpec); 0: off
+    c.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
+                                              "stall_patience": 0})
     if variant == "full":
         c.episodes = 10
     elif variant != "tiny":

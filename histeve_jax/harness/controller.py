@@ -33,12 +33,29 @@ from typing import Any, Protocol
 import numpy as np
 
 from histeve_jax.data.records import StepRecord
+from histeve_jax.envs.base import noop_action
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
 from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
 from histeve_jax.harness.planners.base import Planner, PlanningContext
 from histeve_jax.harness.schemas import Subtask, SubtaskSchema, evaluate_condition
-from histeve_jax.harness.verify import VISUAL_JUMP, ChangeMonitor, decide, verify
+from histeve_jax.harness.verify import VISUAL_JUMP, ChangeMonitor, StallMonitor, decide, verify
+
+UNSTICK_BACK = 6  # steps walked backwards after a stall (about a block) ...
+UNSTICK_TURN = (30.0, 90.0)  # ... then the view levelled and turned this many degrees, either way ...
+UNSTICK_MAX_TURN = 10.0  # ... at most this many degrees a step (the experts' turn rate)
+
+
+def unstick_actions(info: Mapping[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+    """The harness's own motion after a stall: walk back ``UNSTICK_BACK`` steps, then level the view and
+    turn by a yaw drawn from ``UNSTICK_TURN`` either way, so the executor is asked again from a state that is
+    not its fixed point (env-format actions)."""
+    dpitch = -float(info.get("pitch") or 0.0)
+    dyaw = float(rng.choice((-1.0, 1.0)) * rng.uniform(*UNSTICK_TURN))
+    n = max(1, int(np.ceil(max(abs(dpitch), abs(dyaw)) / UNSTICK_MAX_TURN)))
+    back = [{**noop_action(), "back": 1} for _ in range(UNSTICK_BACK)]
+    turn = [{**noop_action(), "camera": np.array([dpitch / n, dyaw / n], np.float32)} for _ in range(n)]
+    return back + turn
 
 
 class CompletionSignal(Protocol):
@@ -95,6 +112,10 @@ class HarnessSpec:
     # without this, each retry was stopped at its second query, 3 steps in (24 of 28 invocations in one
     # wooden_pickaxe episode), and the episode's steps ran out in replanning. False: the paper's bare rule.
     rearm: bool = True
+    # Steps the player may stand still outside the GUI before the invocation ends as a stall (above a hand's
+    # 70-step dig of a log); the harness then backs off and turns (``unstick_actions``) before it recovers or
+    # replans. 0: off (the paper's harness).
+    stall_patience: int = 0
 
 
 class HarnessAgent:
@@ -111,7 +132,7 @@ class HarnessAgent:
     # ------------------------------------------------------------------------------------------ episode
 
     def reset(self, task: Task, obs: dict, info: dict, seed: int) -> None:
-        self.task = task
+        self.task, self.seed = task, int(seed)
         self.memory = Memory(task.text, self.procedural)
         self.events: list[dict[str, Any]] = []
         self.series: dict[str, list[float | None]] = {"completion": []}
@@ -127,6 +148,8 @@ class HarnessAgent:
         self.planner_cost = {"seconds": 0.0, "prompt_tokens": 0, "completion_tokens": 0}
         self.handoff_delays: list[int] = []  # steps from the check holding to the signal's stop
         self.disarmed: set[str] = set()  # subtask labels whose last stop by the signal was early (``rearm``)
+        self.unstick: deque[dict[str, Any]] = deque()  # the harness's own actions after a stall, to play
+        self.resume: Subtask | None = None  # the subtask to recover once they are played
         self.memory.world.observe(info, 0)
         self._observe(info)
 
@@ -192,6 +215,9 @@ class HarnessAgent:
         self.before = self.memory.working.snapshot()
         self.monitor = ChangeMonitor(self.spec.visual_jump)
         self.monitor.push(obs["image"], info)
+        self.stall = StallMonitor(self.spec.stall_patience) if self.spec.stall_patience > 0 else None
+        if self.stall is not None:
+            self.stall.push(info)
         self.completion.reset(subtask, obs, info)
         self.executor.start(subtask, obs, info)
 
@@ -212,6 +238,8 @@ class HarnessAgent:
                 "check_held_since": None if self.done_at is None else self.inv_start + self.done_at,
                 "check_holds": bool(sub.is_complete(info)),
                 "disarmed_until_under_threshold": bool(early and self.spec.rearm)})
+        if ended_by == "stall":
+            error = f"the player stood still for {self.stall.still} steps"
         verdict = verify(sub, self.inv_info, info, ended_by=ended_by, monitor=self.monitor, error=error)
         decision = decide(verdict, self.recoveries, self.spec.max_recoveries)
         self.memory.world.observe(info, self.t, label=sub.label)
@@ -231,9 +259,18 @@ class HarnessAgent:
             "working": self.memory.working.snapshot(),
             "retrieved": self.memory.retrieve(self.schemas, info)})
         self.current = None
+        if ended_by == "stall":
+            rng = np.random.default_rng((self.seed, self.invocations))
+            self.unstick.extend(unstick_actions(info, rng))
+            self._event("unstick", f"the harness backs off and turns after {sub.label} stalled", {
+                "step": self.t, "actions": len(self.unstick),
+                "turn": [round(float(x), 2) for x in np.sum([a["camera"] for a in self.unstick], axis=0)]})
         if decision == "recover":
             self.recoveries += 1
-            self._start(sub, obs, info)
+            if self.unstick:
+                self.resume = sub  # asked again after the harness's own motion (``act``)
+            else:
+                self._start(sub, obs, info)
 
     def _failing(self, info: dict) -> bool:
         """Whether an unrecoverable failure condition of the subtask has held for ``failure_patience`` steps
@@ -271,6 +308,8 @@ class HarnessAgent:
             return "failure_condition"  # e.g. the recipe's inputs were taken: no step can finish it now
         if self.monitor.push(obs["image"], info, self.last_action):
             return "visual_change"
+        if self.stall is not None and self.stall.push(info):
+            return "stall"
         if self.inv_steps >= self.current.budget:
             return "budget"
         return ""
@@ -279,6 +318,11 @@ class HarnessAgent:
         self.frames.append(np.asarray(obs["image"]))
         queried = False
         for _ in range(4 * self.spec.max_invocations):  # ends, plans and restarts within one step
+            if self.unstick:  # the harness's own motion after a stall, between invocations
+                return self._own(self.unstick.popleft())
+            if self.resume is not None:
+                sub, self.resume = self.resume, None
+                self._start(sub, obs, info)
             if self.current is None:
                 self._plan(obs, info)
                 continue
@@ -306,6 +350,14 @@ class HarnessAgent:
                 self.series["completion"].append(None)
             return decision
         raise RuntimeError("the harness ended and restarted invocations without acting")
+
+    def _own(self, action: dict[str, Any]) -> Decision:
+        """One step of the harness's own motion: in the trace as invocation -1 (no detector unit)."""
+        self.trace.append({"invocation": -1, "subtask": "unstick", "task": "", "instruction": "", "check": 0})
+        self.t += 1
+        if len(self.series["completion"]) < self.t:  # (a stall's step has its query already)
+            self.series["completion"].append(None)
+        return Decision(action=action, subtask="unstick", text="unstick")
 
     def label_records(self, records: Sequence[StepRecord]) -> list[StepRecord]:
         """The episode's records with ``metadata["harness"]`` on each step the harness acted (the last

@@ -16,10 +16,12 @@ did itself and catches the scene swaps (0.19-0.25); the privileged position (a j
 ``verify`` records the outcome: ``success`` (the completion condition holds: the privileged check on
 Luanti; the hook for the detector's own evidence is the controller's), ``failure`` (a recognizable
 failure condition holds, the executor gave up, the detector's candidate completion did not verify, or
-no progress within the budget) or ``interrupted`` (cut short by a visual jump, or by the budget while
-still progressing). ``decide`` then advances on success, replans when recovery is infeasible (an
-unrecoverable failure condition, the recovery budget spent), the subtask is inapplicable, or the visual
-state changed substantially, and otherwise recovers locally by invoking the same subtask again.
+no progress within the budget or before a stall) or ``interrupted`` (cut short by a visual jump, by the
+budget while still progressing, or by a stall after some progress). A stall (``StallMonitor``, off unless
+the harness asks for it) is the player standing still outside the GUI for ``patience`` steps. ``decide``
+then advances on success, replans when recovery is infeasible (an unrecoverable failure condition, the
+recovery budget spent), the subtask is inapplicable, or the visual state changed substantially, and
+otherwise recovers locally by invoking the same subtask again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ VISUAL_JUMP = 0.12  # mean |luma difference| of consecutive 16x16 signatures; se
 STILL_TURN = 2.0  # degrees: camera turns up to this explain no large change
 OWN_STEPS = 4  # a dig, click or turn explains the changes of this many steps (the server lags the input)
 POSITION_JUMP = 3.0  # blocks in one step: walking covers ~0.2 (Luanti's privileged pos)
+STALL_MOVE = 0.05  # blocks: a player whose privileged position moved less than this since ...
+STALL_TURN = 1.0  # ... and whose yaw and pitch turned less than this (degrees) has stood still
 
 
 def signature(frame: np.ndarray) -> np.ndarray:
@@ -97,12 +101,47 @@ class ChangeMonitor:
         return fired
 
 
+class StallMonitor:
+    """Counts the steps in a row the player has stood still outside the GUI: position within ``STALL_MOVE``
+    blocks and yaw and pitch within ``STALL_TURN`` degrees of where the still run began, the inventory and
+    the crafting grid unchanged (on the privileged info, as the position jump above). An executor at a fixed
+    point (a policy attacking the air beside a trunk, or leaves out of its reach, with the same frame in and
+    the same action out) stands so until its budget is spent; a hand digs a log in 3.5 s (70 steps at
+    20 Hz), so a patience above that ends only stalls. ``push`` is True once the run reaches ``patience``."""
+
+    def __init__(self, patience: int):
+        if patience <= 0:
+            raise ValueError(f"StallMonitor: patience must be > 0 steps, got {patience}")
+        self.patience = int(patience)
+        self.still = 0
+        self._anchor: tuple | None = None
+
+    @staticmethod
+    def _state(info: Mapping[str, Any]) -> tuple | None:
+        pos, yaw, pitch = info.get("pos"), info.get("yaw"), info.get("pitch")
+        if pos is None or yaw is None or pitch is None or info.get("is_gui_open"):
+            return None
+        items = (info.get("inventory") or {}, info.get("craft_grid") or [])
+        return np.asarray(pos, float), float(yaw), float(pitch), repr(items)
+
+    def push(self, info: Mapping[str, Any]) -> bool:
+        state, anchor = self._state(info), self._anchor
+        if state is None or anchor is None or state[3] != anchor[3] or (
+                np.abs(state[0] - anchor[0]).max() > STALL_MOVE
+                or abs((state[1] - anchor[1] + 180.0) % 360.0 - 180.0) > STALL_TURN
+                or abs(state[2] - anchor[2]) > STALL_TURN):
+            self._anchor, self.still = state, 0
+        else:
+            self.still += 1
+        return self.still >= self.patience
+
+
 @dataclasses.dataclass
 class Verdict:
     """What one invocation achieved and what the harness does next."""
 
     outcome: str  # success | failure | interrupted
-    ended_by: str  # detector | failure_condition | budget | executor_done | gave_up | visual_change
+    ended_by: str  # detector | failure_condition | budget | executor_done | gave_up | visual_change | stall
     completed: bool
     applicable: bool
     failures: list[tuple[str, bool]]  # (failure condition, recoverable)
@@ -138,6 +177,10 @@ def verify(subtask: Subtask, before: Mapping[str, Any], after: Mapping[str, Any]
             reasons.append("the executor stopped before the completion condition held")
         if progress <= 0 and ended_by == "budget":
             reasons.append("no progress within the budget")
+        if ended_by == "stall":
+            reasons.append(error or "the player stood still")
+    elif ended_by == "stall":
+        outcome, reasons = "interrupted", [error or "the player stood still"]
     else:
         outcome, reasons = "interrupted", [f"the budget ran out while progressing (+{progress})"]
     return Verdict(outcome, ended_by, completed, subtask.is_applicable(after), failures, progress,
