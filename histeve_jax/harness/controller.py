@@ -113,8 +113,8 @@ class HarnessSpec:
     # wooden_pickaxe episode), and the episode's steps ran out in replanning. False: the paper's bare rule.
     rearm: bool = True
     # Steps the player may stand still outside the GUI before the invocation ends as a stall (above a hand's
-    # 70-step dig of a log); the harness then backs off and turns (``unstick_actions``) before it recovers or
-    # replans. 0: off (the paper's harness).
+    # 70-step dig of a log); the harness then backs off and turns (``unstick_actions``) before the next
+    # invocation. 0: off (the paper's harness).
     stall_patience: int = 0
 
 
