@@ -78,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     p.env = ml_collections.ConfigDict({"randomize_init": True, "fps_max": 30, "viewing_range": 40})
     # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
     # and the harness backs off and turns (HarnessSpec; 0: off). 100 since stop 50: held-out wooden_pickaxe
-    # 4/10 in row 1 against 0/10 without it, row 2 5/10 both (README "Stalls")
+    # in row 1 6/20 against 2/20 without it, row 2 5/10 both (README "Stalls")
     p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
                                               "stall_patience": 100})
     c.play = p
