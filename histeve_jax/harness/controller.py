@@ -34,6 +34,7 @@ import numpy as np
 
 from histeve_jax.data.records import StepRecord
 from histeve_jax.envs.base import noop_action
+from histeve_jax.envs.experts.core import MAX_TURN
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
 from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
@@ -43,7 +44,7 @@ from histeve_jax.harness.verify import VISUAL_JUMP, ChangeMonitor, StallMonitor,
 
 UNSTICK_BACK = 6  # steps walked backwards after a stall (about a block) ...
 UNSTICK_TURN = (30.0, 90.0)  # ... then the view levelled and turned this many degrees, either way ...
-UNSTICK_MAX_TURN = 10.0  # ... at most this many degrees a step (the experts' turn rate)
+UNSTICK_MAX_TURN = MAX_TURN  # ... at most this many degrees a step (the experts' turn rate)
 
 
 def unstick_actions(info: Mapping[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:

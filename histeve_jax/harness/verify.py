@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from histeve_jax.envs.base import wrap_degrees
 from histeve_jax.harness.schemas import Subtask
 
 SIGNATURE = 16
@@ -106,8 +107,9 @@ class StallMonitor:
     blocks and yaw and pitch within ``STALL_TURN`` degrees of where the still run began, the inventory and
     the crafting grid unchanged (on the privileged info, as the position jump above). An executor at a fixed
     point (a policy attacking the air beside a trunk, or leaves out of its reach, with the same frame in and
-    the same action out) stands so until its budget is spent; a hand digs a log in 3.5 s (70 steps at
-    20 Hz), so a patience above that ends only stalls. ``push`` is True once the run reaches ``patience``."""
+    the same action out) stands so until its budget is spent; a hand digs a log in 3.5 s (minetest_game's
+    hand, ``oddly_breakable_by_hand`` level 1: 70 steps at 20 Hz, standing still), so a patience above that
+    ends only stalls. ``push`` is True once the run reaches ``patience``."""
 
     def __init__(self, patience: int):
         if patience <= 0:
@@ -128,7 +130,7 @@ class StallMonitor:
         state, anchor = self._state(info), self._anchor
         if state is None or anchor is None or state[3] != anchor[3] or (
                 np.abs(state[0] - anchor[0]).max() > STALL_MOVE
-                or abs((state[1] - anchor[1] + 180.0) % 360.0 - 180.0) > STALL_TURN
+                or abs(wrap_degrees(state[1] - anchor[1])) > STALL_TURN
                 or abs(state[2] - anchor[2]) > STALL_TURN):
             self._anchor, self.still = state, 0
         else:
