@@ -271,6 +271,74 @@ def test_the_stall_monitor_counts_still_steps_outside_the_gui_and_the_unstick_mo
     assert yaws == {-1.0, 1.0}
 
 
+class _Constant:
+    """A completion signal that reads ``p`` at every step (the detector fooled by a craft's GUI); it keeps the
+    instruction each invocation's query is made on."""
+
+    name, threshold = "constant", 0.5
+
+    def __init__(self, p: float):
+        self.p, self.told = p, []
+
+    def reset(self, subtask, obs, info):
+        self.told.append(subtask.instruction_at(info))
+
+    def probability(self, obs, info):
+        return self.p
+
+
+class _Starts:
+    """An executor that does nothing, keeping (label, instruction, resume) of each start."""
+
+    name = "starts"
+
+    def __init__(self):
+        self.starts = []
+
+    def start(self, subtask, obs, info, instruction="", resume=False):
+        self.starts.append((subtask.label, subtask.instruction_at(info), resume))
+        self.label = subtask.label
+
+    def act(self, obs, info):
+        from histeve_jax.envs.base import noop_action
+        from histeve_jax.eval.rollout import Decision
+
+        return Decision(action=noop_action(), subtask=self.label)
+
+
+@pytest.mark.parametrize("gui_open, resume_in_gui, resumed", [
+    (True, True, True), (False, True, False), (True, False, False)])
+def test_a_craft_stopped_early_inside_the_gui_resumes_there_on_the_instruction_it_was_told(
+        gui_open, resume_in_gui, resumed):
+    """``HarnessSpec.resume_in_gui``: the signal stops craft_planks 2 steps in, its check not holding, the GUI
+    open and the log moved from slot 1 to slot 2 meanwhile (leaves taken into slot 1): the recovery resumes
+    it (the executor told ``resume``, so a policy does not close the GUI and start over) on the instruction it
+    was told at first, to executor and signal alike, and the report has a ``resume`` event. The GUI closed at
+    the stop, or the option off: a fresh start on the slot read anew."""
+    from histeve_jax.harness.controller import HarnessAgent, HarnessSpec
+
+    tree, leaves = {"type": "default:tree", "quantity": 1}, {"type": "default:leaves", "quantity": 1}
+    first = {"inventory": {"default:tree": 1}, "inventory_slots": [tree], "is_gui_open": False}
+    later = {"inventory": {"default:tree": 1, "default:leaves": 1}, "inventory_slots": [leaves, tree],
+             "is_gui_open": gui_open}
+    obs = {"image": np.zeros((32, 32, 3), np.uint8)}
+    signal, executor = _Constant(1.0), _Starts()
+    spec = HarnessSpec(rearm=False, resume_in_gui=resume_in_gui)
+    agent = HarnessAgent(RulesPlanner(), executor, SCHEMAS, spec, completion=signal)
+    agent.reset(load_task("craft_planks"), obs, first, seed=0)
+    agent.act(obs, first)
+    for _ in range(3):  # queried on steps 1 and 2: stopped at its second query, then started again
+        agent.act(obs, later)
+    (stop,) = [e for e in agent.events if e["kind"] == "completion"]
+    assert not stop["payload"]["check_holds"] and agent.invocations == 2, agent.events
+    told = "open the inventory and craft wooden planks from the log in slot"
+    again = f"{told} 1" if resumed else f"{told} 2"
+    assert executor.starts == [("craft_planks(count=4)", f"{told} 1", False),
+                               ("craft_planks(count=4)", again, resumed)]
+    assert signal.told == [f"{told} 1", again]
+    assert len([e for e in agent.events if e["kind"] == "resume"]) == int(resumed)
+
+
 @pytest.mark.parametrize("outcome, applicable, failures, changed, recoveries, want", [
     ("success", True, [], True, 5, "advance"),
     ("failure", True, [("stalled", True)], False, 0, "recover"),
