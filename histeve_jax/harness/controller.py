@@ -118,13 +118,11 @@ class HarnessSpec:
     # 70-step dig of a log); the harness then backs off and turns (``unstick_actions``) before the next
     # invocation. 0: off (the paper's harness).
     stall_patience: int = 0
-    # After an early handoff inside a GUI the subtask's executor opened itself (the signal stopped a craft
-    # midway: its items on the pointer or in the grid), the same subtask's next invocation resumes there on
-    # the instruction it was told, instead of the executor closing the GUI and starting over from the world
-    # view. Without this a craft the detector stops every ~15 steps never finishes (40 stops of
-    # craft_wooden_pickaxe in one episode). A stop before the executor had the GUI to itself (while it still
-    # closed the one the craft before left open) is not resumed. False: every invocation starts from the
-    # world view.
+    # After an early handoff inside the GUI (the signal stopped a craft midway: its items on the pointer or in
+    # the grid), the same subtask's next invocation resumes there on the instruction it was told, instead of
+    # the executor closing the GUI and starting over from the world view. Without this a craft the detector
+    # stops every ~15 steps never finishes (40 stops of craft_wooden_pickaxe in one episode). False: every
+    # invocation starts from the world view.
     resume_in_gui: bool = True
 
 
@@ -226,8 +224,6 @@ class HarnessAgent:
         self.memory.working.current = subtask.label
         self.inv_start, self.inv_info, self.inv_steps, self.over = self.t, dict(info), 0, 0
         self.complete = subtask.is_complete(info)  # whether its check holds on this step's frame
-        # whether an open GUI is this subtask's own: opened after the invocation saw the world (or resumed)
-        self.gui_ours = resumed or not info.get("is_gui_open")
         self.done_at: int | None = 0 if self.complete else None  # inv step its check first held
         self.failing_for = 0  # steps an unrecoverable failure condition has held in a row
         self.last_action = None
@@ -250,7 +246,7 @@ class HarnessAgent:
                 self.counts["early_handoffs"] += 1
                 if self.spec.rearm:
                     self.disarmed.add(sub.label)
-                if self.spec.resume_in_gui and info.get("is_gui_open") and self.gui_ours:
+                if self.spec.resume_in_gui and info.get("is_gui_open"):
                     self.cut_short = (sub.label, self.instruction)
             else:
                 self.handoff_delays.append(self.inv_steps - self.done_at)
@@ -311,7 +307,6 @@ class HarnessAgent:
     def _ended(self, obs: dict, info: dict) -> str:
         """Why the current invocation should end before this step ("" to go on)."""
         self.complete = self.current.is_complete(info)
-        self.gui_ours = self.gui_ours or not info.get("is_gui_open")
         if self.done_at is None and self.complete:
             self.done_at = self.inv_steps
         p = self.completion.probability(obs, info)
