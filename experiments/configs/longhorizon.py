@@ -47,10 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "max_tokens": 128})
     c.local_model = ""  # planner=local: a Qwen2.5-VL save_pretrained directory
     # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
-    # and the harness backs off and turns (HarnessSpec); 0: off. resume_in_gui: a craft the detector stopped
-    # early inside the GUI resumes there (HarnessSpec); False: every invocation starts from the world view
+    # and the harness backs off and turns (HarnessSpec); 0: off
     c.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
-                                              "stall_patience": 0, "resume_in_gui": True})
+                                              "stall_patience": 0})
     if variant == "full":
         c.episodes = 10
     elif variant != "tiny":
