@@ -205,7 +205,7 @@ class _LooksUpThenStands:
     def __init__(self):
         self.n = 0
 
-    def start(self, subtask, obs, info, instruction="", resume=False):
+    def start(self, subtask, obs, info, instruction=""):
         self.label = subtask.label
 
     def act(self, obs, info):
@@ -281,10 +281,10 @@ def test_the_detector_sees_each_frame_through_the_policys_codec(runs):
 
 
 @pytest.mark.game
-def test_an_invocation_that_finds_the_gui_open_closes_it_first_unless_resuming_a_craft(runs, env):
+def test_an_invocation_that_finds_the_gui_open_closes_it_before_the_policy_acts(runs, env):
     """A craft ends once its output is in the inventory, GUI still open; the next invocation's policy was
     only ever shown its subtask from the world view, so the executor closes the GUI first (as the expert
-    executor does) and the policy's first frame is the world; unless the harness resumes a craft there."""
+    executor does) and the policy's first frame is the world."""
     _, loaded, _, _ = runs
     _, info = env.reset(seed=1000, options={"task": "craft_sticks"})
     open_ = dict(noop_action(), inventory=1)
@@ -307,17 +307,6 @@ def test_an_invocation_that_finds_the_gui_open_closes_it_first_unless_resuming_a
     assert labels[0] == f"{subtask.label}/close_gui" and labels[-1] == subtask.label, labels
     assert not info["is_gui_open"] and d.tokens  # the policy took over once the GUI was closed
     assert len(executor.frames._frames) == 1  # its history holds the world view alone, not the GUI
-
-    # The harness resuming a craft its detector stopped midway (``HarnessSpec.resume_in_gui``): the policy
-    # acts on the open GUI from the first step, told what it was told before.
-    obs, _, _, _, info = env.step(open_)
-    obs, _, _, _, info = env.step(noop_action())
-    assert info["is_gui_open"]
-    told = dataclasses.replace(subtask, instruction=executor.instruction)
-    executor.start(told, obs, info, resume=True)
-    d = executor.act(obs, info)
-    assert d.subtask == subtask.label and d.tokens and executor.instruction == told.instruction
-    assert executor._closer is None
 
 
 class _KillOnce:

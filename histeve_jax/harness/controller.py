@@ -3,8 +3,7 @@ recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any
 
 Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
 ``consecutive`` queries in a row, the paper's detector rule; with ``rearm``, a subtask whose last stop by the
-signal was early is not stopped by it again until one of its queries reads under the threshold; with
-``resume_in_gui``, one it stopped early inside the GUI resumes there, not from the world view), one of the
+signal was early is not stopped by it again until one of its queries reads under the threshold), one of the
 subtask's unrecoverable failure conditions holds for ``failure_patience`` steps (its inputs are gone: a
 policy would otherwise spend the whole budget on it), the subtask's step budget is spent, the executor stops
 or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is
@@ -118,12 +117,6 @@ class HarnessSpec:
     # 70-step dig of a log); the harness then backs off and turns (``unstick_actions``) before the next
     # invocation. 0: off (the paper's harness).
     stall_patience: int = 0
-    # After an early handoff inside the GUI (the signal stopped a craft midway: its items on the pointer or in
-    # the grid), the same subtask's next invocation resumes there on the instruction it was told, instead of
-    # the executor closing the GUI and starting over from the world view. Without this a craft the detector
-    # stops every ~15 steps never finishes (40 stops of craft_wooden_pickaxe in one episode). False: every
-    # invocation starts from the world view.
-    resume_in_gui: bool = True
 
 
 class HarnessAgent:
@@ -158,7 +151,6 @@ class HarnessAgent:
         self.disarmed: set[str] = set()  # subtask labels whose last stop by the signal was early (``rearm``)
         self.unstick: deque[dict[str, Any]] = deque()  # the harness's own actions after a stall, to play
         self.resume: Subtask | None = None  # the subtask to recover once they are played
-        self.cut_short: tuple[str, str] | None = None  # (label, instruction): stopped early in the GUI
         self.memory.world.observe(info, 0)
         self._observe(info)
 
@@ -213,12 +205,6 @@ class HarnessAgent:
         self.invocations += 1
         if self.invocations > self.spec.max_invocations:
             raise RuntimeError(f"more than {self.spec.max_invocations} invocations")
-        cut, self.cut_short = self.cut_short, None
-        resumed = cut is not None and cut[0] == subtask.label and bool(info.get("is_gui_open"))
-        if resumed:  # the craft goes on where the signal stopped it, told what it was told then
-            subtask = dataclasses.replace(subtask, instruction=cut[1])
-            self._event("resume", f"{subtask.label} resumes in the GUI",
-                        {"step": self.t, "instruction": cut[1]})
         self.current = subtask
         self.instruction = subtask.instruction_at(info)  # what the executor and the detector are told
         self.memory.working.current = subtask.label
@@ -234,7 +220,7 @@ class HarnessAgent:
         if self.stall is not None:
             self.stall.push(info)
         self.completion.reset(subtask, obs, info)
-        self.executor.start(subtask, obs, info, resume=resumed)
+        self.executor.start(subtask, obs, info)
 
     # ------------------------------------------------------------------------------------------ handoff
 
@@ -246,8 +232,6 @@ class HarnessAgent:
                 self.counts["early_handoffs"] += 1
                 if self.spec.rearm:
                     self.disarmed.add(sub.label)
-                if self.spec.resume_in_gui and info.get("is_gui_open"):
-                    self.cut_short = (sub.label, self.instruction)
             else:
                 self.handoff_delays.append(self.inv_steps - self.done_at)
             self._event("completion", f"{self.completion.name} stops {sub.label}", {

@@ -109,9 +109,7 @@ class ExpertExecutor:
         self._expert: Expert | None = None
         self._label = ""
 
-    def start(self, subtask: Subtask, obs: dict, info: dict, resume: bool = False) -> None:
-        """Build the subtask's expert. ``resume`` is ignored: an expert's script starts from the world view
-        (its first key opens the GUI), so a GUI left open is closed first whatever ended the invocation."""
+    def start(self, subtask: Subtask, obs: dict, info: dict) -> None:
         if subtask.name not in EXPERT_MAKERS:
             raise KeyError(f"no expert for subtask {subtask.name!r}; experts cover {sorted(EXPERT_MAKERS)}")
         expert = EXPERT_MAKERS[subtask.name](load_task(subtask.task), subtask, info)
@@ -138,9 +136,7 @@ class PolicyExecutor:
     instruction; the frame history restarts with every invocation (as in training, one instruction per
     episode). An invocation that finds a GUI open (the one before it ended inside the inventory, as a craft
     does once its output is in the inventory) first closes it, as the expert executor does: every
-    demonstration starts from the world view, the GUI opened by the policy's own first key. Except when the
-    harness ``resume``s the same craft that its completion signal stopped midway
-    (``HarnessSpec.resume_in_gui``): then the policy acts on the GUI as it is, as it did mid-demonstration."""
+    demonstration starts from the world view, the GUI opened by the policy's own first key."""
 
     def __init__(self, loaded: Any, *, greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0,
                  seed: int = 0, name: str = "policy"):
@@ -154,15 +150,13 @@ class PolicyExecutor:
         self.instruction = ""
         self._label = ""
 
-    def start(self, subtask: Subtask | None, obs: dict, info: dict, instruction: str = "",
-              resume: bool = False) -> None:
-        """Begin an invocation of ``subtask`` (or of a bare ``instruction``, the final-goal baseline);
-        ``resume``: act on an open GUI as it is rather than close it first (class docstring)."""
+    def start(self, subtask: Subtask | None, obs: dict, info: dict, instruction: str = "") -> None:
+        """Begin an invocation of ``subtask`` (or of a bare ``instruction``, the final-goal baseline)."""
         self.frames.reset()
         self.instruction = subtask.instruction_at(info) if subtask is not None else instruction
         self._label = subtask.label if subtask is not None else "goal"
         self._closer: Expert | None = None
-        if info.get("is_gui_open") and not resume:
+        if info.get("is_gui_open"):
             self._closer = _CloseGui(load_task(subtask.task) if subtask is not None else None)
             self._closer.reset(info)
 
