@@ -255,6 +255,66 @@ def test_a_stalled_invocation_ends_and_the_harness_backs_off_levels_and_turns_be
     assert 0.5 <= moved <= 2.5, (before["pos"], after["pos"])
 
 
+class _WalksAway:
+    """An executor that wanders off: it turns round (18 steps of 10 degrees), then walks straight on,
+    whatever it sees or is asked."""
+
+    name = "walks_away"
+
+    def __init__(self):
+        self.n = 0
+
+    def start(self, subtask, obs, info, instruction=""):
+        self.label = subtask.label
+
+    def act(self, obs, info):
+        from histeve_jax.eval.rollout import Decision
+
+        self.n += 1
+        action = noop_action()
+        if self.n <= 18:
+            action["camera"] = np.array([0.0, 10.0], np.float32)
+        else:
+            action["forward"] = 1
+        return Decision(action=action, subtask=self.label)
+
+
+@pytest.mark.game
+def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memory_saw(env):
+    """``HarnessSpec.walk_back``: mine_log's executor walks out of the arena until no trunk is in sight;
+    its unrecoverable failure condition ends the invocation, the rules planner finds mine_log inadmissible,
+    and instead of giving up the harness walks back (its own steps, recorded as ``walk_back``) to a trunk its
+    world memory saw; the game's pose after the walk is within reach of that trunk, facing it, and mine_log
+    is asked again. Without the option the same episode ends on the planner's failures."""
+    from histeve_jax.harness.controller import WALK_BACK_REACH
+
+    task = load_task("wooden_pickaxe")
+    agent = HarnessAgent(RulesPlanner(), _WalksAway(), load_schemas(), HarnessSpec(walk_back=True))
+    res = run_episode(env, task, 1000, agent, max_steps=700)
+    assert not res.interrupted, res.error
+    first = agent.memory.to_json()["episodic"][0]
+    assert first["diagnostics"]["ended_by"] == "failure_condition", first
+    assert "failure condition nothing_to_mine" in first["diagnostics"]["reasons"], first
+    (ev,) = [e for e in agent.events if e["kind"] == "walk_back"]
+    assert ev["payload"]["kind"] == "default:tree" and ev["payload"]["distance"] > 16, ev
+    records = agent.label_records(res.records)
+    walked = [i for i, r in enumerate(records) if r.subtask == "walk_back"]
+    assert walked and walked[0] == ev["step"] and walked == list(range(walked[0], walked[-1] + 1))
+    assert {records[i].metadata["harness"]["invocation"] for i in walked} == {-1}
+    after = records[walked[-1] + 1].metadata  # the game's pose once the walk is done
+    tx, _, tz = ev["payload"]["target"]
+    dx, dz = tx + 0.5 - after["pos"][0], tz + 0.5 - after["pos"][2]
+    assert np.hypot(dx, dz) <= WALK_BACK_REACH + 0.5, (after["pos"], ev)
+    facing = (np.degrees(np.arctan2(dx, dz)) - after["yaw"] + 180.0) % 360.0 - 180.0
+    assert abs(facing) <= 15.0 and abs(after["pitch"]) <= 15.0, (after, ev)
+    assert records[walked[-1] + 1].subtask == "mine_log(count=1)" and agent.invocations == 2
+
+    bare = HarnessAgent(RulesPlanner(), _WalksAway(), load_schemas())
+    res = run_episode(env, task, 1000, bare, max_steps=700)
+    assert not res.success and "the planner gave no executable subtask" in res.error, res.error
+    assert not [e for e in bare.events if e["kind"] == "walk_back"]
+
+
 def test_the_detector_sees_each_frame_through_the_policys_codec(runs):
     """The detector was trained on the recorded (JPEG) frames: in the loop it is asked about each live
     frame's JPEG round trip, as the policy acts on it."""

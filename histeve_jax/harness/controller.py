@@ -26,6 +26,7 @@ completion signal's stops, verifications, memory snapshots, each at its step) an
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from histeve_jax.data.records import StepRecord
-from histeve_jax.envs.base import noop_action
+from histeve_jax.envs.base import noop_action, wrap_degrees
 from histeve_jax.envs.experts.core import MAX_TURN
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
@@ -45,6 +46,36 @@ from histeve_jax.harness.verify import VISUAL_JUMP, ChangeMonitor, StallMonitor,
 UNSTICK_BACK = 6  # steps walked backwards after a stall (about a block) ...
 UNSTICK_TURN = (30.0, 90.0)  # ... then the view levelled and turned this many degrees, either way ...
 UNSTICK_MAX_TURN = MAX_TURN  # ... at most this many degrees a step (the experts' turn rate)
+WALK_BACK_REACH = 4.0  # the walk back to a remembered resource ends this many blocks from it ...
+WALK_BACK_MAX_STEPS = 300  # ... or after this many steps
+
+
+class WalkBack:
+    """The harness's own walk back to a landmark its world memory remembers (``HarnessSpec.walk_back``):
+    closed loop on the privileged pose, turning toward ``target`` at the experts' turn rate with the view
+    levelled, walking while it is within 30 degrees ahead, jumping when the position has not changed for 3
+    steps; done (None) within ``WALK_BACK_REACH`` blocks of it, facing it, or after
+    ``WALK_BACK_MAX_STEPS``."""
+
+    def __init__(self, target: Sequence[float]):
+        self.target = [float(v) for v in target]
+        self.steps, self.stuck, self.last = 0, 0, None
+
+    def act(self, info: Mapping[str, Any]) -> dict[str, Any] | None:
+        x, _, z = (float(v) for v in info["pos"])
+        dx, dz = self.target[0] + 0.5 - x, self.target[2] + 0.5 - z  # the node's centre
+        dyaw = wrap_degrees(math.degrees(math.atan2(dx, dz)) - float(info.get("yaw") or 0.0))
+        dpitch = -float(info.get("pitch") or 0.0)
+        arrived = math.hypot(dx, dz) <= WALK_BACK_REACH
+        if self.steps >= WALK_BACK_MAX_STEPS or (arrived and abs(dyaw) <= 10.0 and abs(dpitch) <= 10.0):
+            return None
+        self.steps += 1
+        moved = self.last is None or math.hypot(x - self.last[0], z - self.last[1]) > 0.02
+        self.stuck, self.last = 0 if moved else self.stuck + 1, (x, z)
+        clamp = lambda a: float(np.clip(a, -MAX_TURN, MAX_TURN))
+        walking = not arrived and abs(dyaw) < 30.0
+        return {**noop_action(), "camera": np.array([clamp(dpitch), clamp(dyaw)], np.float32),
+                "forward": int(walking), "jump": int(walking and self.stuck > 3)}
 
 
 def unstick_actions(info: Mapping[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -117,6 +148,11 @@ class HarnessSpec:
     # 70-step dig of a log); the harness then backs off and turns (``unstick_actions``) before the next
     # invocation. 0: off (the paper's harness).
     stall_patience: int = 0
+    # When the planner gives no executable subtask and a schema is out of reach only because its resource is
+    # out of sight (``applicable: {nearby: ...}``: the executor wandered off, in wooden_pickaxe out of the
+    # arena), the harness walks back toward the nearest such resource its world memory saw (``WalkBack``),
+    # once per run of planner failures, then plans again. False: those planner failures end the episode.
+    walk_back: bool = False
 
 
 class HarnessAgent:
@@ -151,6 +187,8 @@ class HarnessAgent:
         self.disarmed: set[str] = set()  # subtask labels whose last stop by the signal was early (``rearm``)
         self.unstick: deque[dict[str, Any]] = deque()  # the harness's own actions after a stall, to play
         self.resume: Subtask | None = None  # the subtask to recover once they are played
+        self.walk: WalkBack | None = None  # the harness's walk back to a remembered resource, under way
+        self.walked = False  # whether it walked back since the planner last gave a subtask
         self.memory.world.observe(info, 0)
         self._observe(info)
 
@@ -193,13 +231,38 @@ class HarnessAgent:
         if result.subtask is None:
             self.counts["planner_failures"] += 1
             self.planner_failures += 1
+            if self._walk_back(info):
+                return
             if self.planner_failures >= self.spec.max_planner_failures:
                 raise RuntimeError(f"the planner gave no executable subtask {self.planner_failures} times "
                                    f"in a row; last: {result.error}")
             return
         self.planner_failures = 0
         self.recoveries = 0
+        self.walked = False
         self._start(result.subtask, obs, info)
+
+    def _walk_back(self, info: Mapping[str, Any]) -> bool:
+        """Start a ``WalkBack`` to the nearest remembered resource that the inadmissible schemas lack only
+        for being out of sight (``HarnessSpec.walk_back``); whether one started."""
+        if not self.spec.walk_back or self.walked or info.get("pos") is None:
+            return False
+        kinds = set()
+        for s in self.schemas.values():
+            rest = {k: v for k, v in s.applicable.items() if k != "nearby"}
+            if s.applicable.get("nearby") and not evaluate_condition(s.applicable, info) \
+                    and evaluate_condition(rest, info):
+                kinds |= set(s.applicable["nearby"])
+        marks = [(n, m["pos"]) for n in sorted(kinds) for m in self.memory.world.landmarks.get(n, [])]
+        if not marks:
+            return False
+        pos = info["pos"]
+        name, target = min(marks, key=lambda nm: math.hypot(nm[1][0] - pos[0], nm[1][2] - pos[2]))
+        self.walk, self.walked = WalkBack(target), True
+        self._event("walk_back", f"the harness walks back to the {name} it saw at {target}", {
+            "step": self.t, "kind": name, "target": target,
+            "distance": round(math.hypot(target[0] - pos[0], target[2] - pos[2]), 1)})
+        return True
 
     def _start(self, subtask: Subtask, obs: dict, info: dict) -> None:
         self.invocations += 1
@@ -320,7 +383,12 @@ class HarnessAgent:
         queried = False
         for _ in range(4 * self.spec.max_invocations):  # ends, plans and restarts within one step
             if self.unstick:  # the harness's own motion after a stall, between invocations
-                return self._own(self.unstick.popleft())
+                return self._own(self.unstick.popleft(), "unstick")
+            if self.walk is not None:  # its walk back to a remembered resource, before it plans again
+                action = self.walk.act(info)
+                if action is not None:
+                    return self._own(action, "walk_back")
+                self.walk = None
             if self.resume is not None:
                 sub, self.resume = self.resume, None
                 self._start(sub, obs, info)
@@ -352,13 +420,14 @@ class HarnessAgent:
             return decision
         raise RuntimeError("the harness ended and restarted invocations without acting")
 
-    def _own(self, action: dict[str, Any]) -> Decision:
-        """One step of the harness's own motion: in the trace as invocation -1 (no detector unit)."""
-        self.trace.append({"invocation": -1, "subtask": "unstick", "task": "", "instruction": "", "check": 0})
+    def _own(self, action: dict[str, Any], what: str) -> Decision:
+        """One step of the harness's own motion (``what``: unstick, walk_back): in the trace as invocation
+        -1 (no detector unit)."""
+        self.trace.append({"invocation": -1, "subtask": what, "task": "", "instruction": "", "check": 0})
         self.t += 1
         if len(self.series["completion"]) < self.t:  # (a stall's step has its query already)
             self.series["completion"].append(None)
-        return Decision(action=action, subtask="unstick", text="unstick")
+        return Decision(action=action, subtask=what, text=what)
 
     def label_records(self, records: Sequence[StepRecord]) -> list[StepRecord]:
         """The episode's records with ``metadata["harness"]`` on each step the harness acted (the last
