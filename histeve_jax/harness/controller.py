@@ -52,7 +52,9 @@ WALK_BACK_MAX_STEPS = 300  # ... or after this many steps
 
 class WalkBack:
     """The harness's own walk back to a landmark its world memory remembers (``HarnessSpec.walk_back``):
-    closed loop on the privileged pose, turning toward ``target`` at the experts' turn rate with the view
+    first it closes a GUI left open (the inventory key, again every 20 steps while it stays open; camera
+    moves would only move the pointer), waiting 3 steps once it is closed; then, closed loop on the
+    privileged pose, turning toward ``target`` at the experts' turn rate with the view
     levelled, walking while it is within 30 degrees ahead, jumping when the position has not changed for 3
     steps; done (None) within ``WALK_BACK_REACH`` blocks of it, facing it, or after
     ``WALK_BACK_MAX_STEPS``."""
@@ -60,14 +62,23 @@ class WalkBack:
     def __init__(self, target: Sequence[float]):
         self.target = [float(v) for v in target]
         self.steps, self.stuck, self.last = 0, 0, None
+        self.since_press: int | None = None  # steps since it pressed the inventory key (None: never)
 
     def act(self, info: Mapping[str, Any]) -> dict[str, Any] | None:
+        if self.steps >= WALK_BACK_MAX_STEPS:
+            return None
+        if info.get("is_gui_open") or (self.since_press is not None and self.since_press < 3):
+            self.steps += 1
+            press = bool(info.get("is_gui_open")) and (self.since_press is None or self.since_press >= 20)
+            self.since_press = 0 if press else self.since_press + 1
+            return {**noop_action(), "inventory": int(press)}
+        self.since_press = 99  # closed and settled
         x, _, z = (float(v) for v in info["pos"])
         dx, dz = self.target[0] + 0.5 - x, self.target[2] + 0.5 - z  # the node's centre
         dyaw = wrap_degrees(math.degrees(math.atan2(dx, dz)) - float(info.get("yaw") or 0.0))
         dpitch = -float(info.get("pitch") or 0.0)
         arrived = math.hypot(dx, dz) <= WALK_BACK_REACH
-        if self.steps >= WALK_BACK_MAX_STEPS or (arrived and abs(dyaw) <= 10.0 and abs(dpitch) <= 10.0):
+        if arrived and abs(dyaw) <= 10.0 and abs(dpitch) <= 10.0:
             return None
         self.steps += 1
         moved = self.last is None or math.hypot(x - self.last[0], z - self.last[1]) > 0.02
