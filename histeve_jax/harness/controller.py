@@ -3,10 +3,14 @@ recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any
 
 Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
 ``consecutive`` queries in a row, the paper's detector rule; with ``rearm``, a subtask whose last stop by the
-signal was early is not stopped by it again until one of its queries reads under the threshold), one of the
-subtask's unrecoverable failure conditions holds for ``failure_patience`` steps (its inputs are gone: a
-policy would otherwise spend the whole budget on it), the subtask's step budget is spent, the executor stops
-or gives up, or the visual state jumps (``verify.ChangeMonitor``). The completion signal is
+signal was early is not stopped by it again until one of its queries reads under the threshold; with
+``escalate``, each early stop of a subtask makes the signal need one more query in a row to stop it again),
+one of the subtask's unrecoverable failure conditions holds for ``failure_patience`` steps (its inputs are
+gone: a policy would otherwise spend the whole budget on it), the subtask's step budget is spent, the executor
+stops or gives up, the visual state jumps (``verify.ChangeMonitor``), or (``stall_patience``) the player
+stands still. Between invocations the harness may act on its own: after a stall it backs off and turns
+(``unstick_actions``); with ``walk_back``, when the planner has nothing executable because a resource went
+out of sight, it walks back to one its world memory saw (``WalkBack``). The completion signal is
 a hook (``CompletionSignal``): ``harness.completion.DetectorCompletion`` is the trained detector coupled to
 the policy (queried every k steps on the subtask's instruction, at its run's loop threshold);
 ``PrivilegedCompletion`` reports the subtask's privileged completion check as probability 0 or 1 at every
