@@ -297,61 +297,6 @@ def test_the_walk_back_closes_an_open_gui_first_then_turns_and_walks_to_its_targ
     assert sum(tired.act(here) is not None for _ in range(WALK_BACK_MAX_STEPS + 5)) == WALK_BACK_MAX_STEPS
 
 
-class _Constant:
-    """A completion signal that reads ``p`` at every step (the detector fooled by a craft's output slot)."""
-
-    name, threshold = "constant", 0.5
-
-    def __init__(self, p: float):
-        self.p = p
-
-    def reset(self, subtask, obs, info):
-        pass
-
-    def probability(self, obs, info):
-        return self.p
-
-
-class _Idle:
-    """An executor that does nothing."""
-
-    name = "idle"
-
-    def start(self, subtask, obs, info, instruction=""):
-        self.label = subtask.label
-
-    def act(self, obs, info):
-        from histeve_jax.envs.base import noop_action
-        from histeve_jax.eval.rollout import Decision
-
-        return Decision(action=noop_action(), subtask=self.label)
-
-
-@pytest.mark.parametrize("escalate, want", [(0, [2, 2, 2, 2, 2]), (2, [2, 3, 4, 4, 4])])
-def test_each_early_handoff_of_a_subtask_makes_the_signal_need_one_more_query_up_to_escalate(
-        escalate, want):
-    """``HarnessSpec.escalate``: a signal reading 1 at every step of a craft whose check never holds stops
-    each invocation early; the queries in a row it needs grow by one per early stop of that subtask, to
-    ``consecutive + escalate``, and the invocations' costs (one query a step) and the stop events say so.
-    0: the paper's fixed two."""
-    from histeve_jax.harness.controller import HarnessAgent, HarnessSpec
-
-    info = {"inventory": {"default:tree": 1},
-            "inventory_slots": [{"type": "default:tree", "quantity": 1}], "is_gui_open": True}
-    obs = {"image": np.zeros((32, 32, 3), np.uint8)}
-    spec = HarnessSpec(rearm=False, escalate=escalate)
-    agent = HarnessAgent(RulesPlanner(), _Idle(), SCHEMAS, spec, completion=_Constant(1.0))
-    agent.reset(load_task("craft_planks"), obs, info, seed=0)
-    for _ in range(sum(want) + 1):
-        agent.act(obs, info)
-    episodic = agent.memory.to_json()["episodic"]
-    assert [e["cost"] for e in episodic] == want, episodic
-    assert {e["subtask"] for e in episodic} == {"craft_planks(count=4)"}
-    stops = [e["payload"] for e in agent.events if e["kind"] == "completion"]
-    assert [s["consecutive"] for s in stops] == want and not any(s["check_holds"] for s in stops)
-    assert agent.summary()["early_handoffs"] == len(want)
-
-
 @pytest.mark.parametrize("outcome, applicable, failures, changed, recoveries, want", [
     ("success", True, [], True, 5, "advance"),
     ("failure", True, [("stalled", True)], False, 0, "recover"),

@@ -79,11 +79,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
     # and the harness backs off and turns (HarnessSpec; 0: off). 100 since stop 50: held-out wooden_pickaxe
     # in row 1 6/20 against 2/20 without it, row 2 5/10 both (README "Stalls")
-    # walk_back: the harness walks back to a resource out of sight that its world memory saw; escalate: each
-    # early handoff of a subtask makes the detector need one more query in a row to stop it, up to this many
-    # more (HarnessSpec)
+    # walk_back: the harness walks back to a resource out of sight that its world memory saw (HarnessSpec)
     p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
-                                              "stall_patience": 100, "walk_back": False, "escalate": 0})
+                                              "stall_patience": 100, "walk_back": False})
     c.play = p
 
     c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)

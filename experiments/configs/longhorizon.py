@@ -48,11 +48,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.local_model = ""  # planner=local: a Qwen2.5-VL save_pretrained directory
     # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
     # and the harness backs off and turns (HarnessSpec); 0: off. walk_back: when the planner has no executable
-    # subtask for a resource out of sight, the harness walks back to one its world memory saw. escalate: each
-    # early handoff of a subtask makes the detector need one more query in a row to stop it, up to this many
-    # more (HarnessSpec; 0: the paper's rule)
+    # subtask for a resource out of sight, the harness walks back to one its world memory saw (HarnessSpec)
     c.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
-                                              "stall_patience": 0, "walk_back": False, "escalate": 0})
+                                              "stall_patience": 0, "walk_back": False})
     if variant == "full":
         c.episodes = 10
     elif variant != "tiny":

@@ -3,11 +3,10 @@ recover or replan; as a ``rollout.Agent`` so ``run_episode`` records it like any
 
 Handoff: an invocation runs until the completion signal fires (probability at or over its ``threshold`` on
 ``consecutive`` queries in a row, the paper's detector rule; with ``rearm``, a subtask whose last stop by the
-signal was early is not stopped by it again until one of its queries reads under the threshold; with
-``escalate``, each early stop of a subtask makes the signal need one more query in a row to stop it again),
-one of the subtask's unrecoverable failure conditions holds for ``failure_patience`` steps (its inputs are
-gone: a policy would otherwise spend the whole budget on it), the subtask's step budget is spent, the executor
-stops or gives up, the visual state jumps (``verify.ChangeMonitor``), or (``stall_patience``) the player
+signal was early is not stopped by it again until one of its queries reads under the threshold), one of the
+subtask's unrecoverable failure conditions holds for ``failure_patience`` steps (its inputs are gone: a
+policy would otherwise spend the whole budget on it), the subtask's step budget is spent, the executor stops
+or gives up, the visual state jumps (``verify.ChangeMonitor``), or (``stall_patience``) the player
 stands still. Between invocations the harness may act on its own: after a stall it backs off and turns
 (``unstick_actions``); with ``walk_back``, when the planner has nothing executable because a resource went
 out of sight, it walks back to one its world memory saw (``WalkBack``). The completion signal is
@@ -168,12 +167,6 @@ class HarnessSpec:
     # arena), the harness walks back toward the nearest such resource its world memory saw (``WalkBack``),
     # once per run of planner failures, then plans again. False: those planner failures end the episode.
     walk_back: bool = False
-    # Each early handoff of a subtask makes the signal need one more query in a row at or over the threshold
-    # to stop that subtask again in the episode, up to ``escalate`` more than ``consecutive``: a craft's
-    # output shows in the grid's output slot before it is taken, and the detector reads it as done (0.99 in
-    # one wooden_pickaxe episode, 40 stops in a row); a real completion stays done, a burst does not.
-    # 0: the paper's fixed rule.
-    escalate: int = 0
 
 
 class HarnessAgent:
@@ -206,7 +199,6 @@ class HarnessAgent:
         self.planner_cost = {"seconds": 0.0, "prompt_tokens": 0, "completion_tokens": 0}
         self.handoff_delays: list[int] = []  # steps from the check holding to the signal's stop
         self.disarmed: set[str] = set()  # subtask labels whose last stop by the signal was early (``rearm``)
-        self.early: dict[str, int] = {}  # early handoffs per subtask label (``escalate``)
         self.unstick: deque[dict[str, Any]] = deque()  # the harness's own actions after a stall, to play
         self.resume: Subtask | None = None  # the subtask to recover once they are played
         self.walk: WalkBack | None = None  # the harness's walk back to a remembered resource, under way
@@ -313,16 +305,14 @@ class HarnessAgent:
         sub = self.current
         if ended_by == "detector":  # early: the check does not hold; late: it held steps before the stop
             early = self.done_at is None or not sub.is_complete(info)
-            needed = self._needed(sub)  # the queries in a row that stopped it
             if early:
                 self.counts["early_handoffs"] += 1
                 if self.spec.rearm:
                     self.disarmed.add(sub.label)
-                self.early[sub.label] = self.early.get(sub.label, 0) + 1
             else:
                 self.handoff_delays.append(self.inv_steps - self.done_at)
             self._event("completion", f"{self.completion.name} stops {sub.label}", {
-                "step": self.t, "threshold": self.completion.threshold, "consecutive": needed,
+                "step": self.t, "threshold": self.completion.threshold, "consecutive": self.spec.consecutive,
                 "check_held_since": None if self.done_at is None else self.inv_start + self.done_at,
                 "check_holds": bool(sub.is_complete(info)),
                 "disarmed_until_under_threshold": bool(early and self.spec.rearm)})
@@ -360,10 +350,6 @@ class HarnessAgent:
             else:
                 self._start(sub, obs, info)
 
-    def _needed(self, sub: Subtask) -> int:
-        """Queries in a row at or over the threshold that stop ``sub`` (``consecutive``, ``escalate``)."""
-        return self.spec.consecutive + min(self.early.get(sub.label, 0), self.spec.escalate)
-
     def _failing(self, info: dict) -> bool:
         """Whether an unrecoverable failure condition of the subtask has held for ``failure_patience`` steps
         in a row, counting the crafting grid's items as held: a craft takes its inputs out of the inventory
@@ -394,7 +380,7 @@ class HarnessAgent:
                 self._event("rearm", f"{self.completion.name} rearmed for {self.current.label}", {
                     "step": self.t, "probability": float(p), "threshold": self.completion.threshold})
             self.over = 0 if under or not armed else self.over + 1
-        if self.over >= self._needed(self.current):
+        if self.over >= self.spec.consecutive:
             return "detector"
         if self._failing(info):
             return "failure_condition"  # e.g. the recipe's inputs were taken: no step can finish it now
