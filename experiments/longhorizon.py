@@ -52,7 +52,8 @@ def main(argv: list[str]) -> None:
                          temperature=c.temperature, top_p=c.top_p, inject=c.inject, max_steps=c.max_steps,
                          policy_max_steps=c.policy_max_steps, obs_size=tuple(c.obs_size), out_dir=c.out_dir,
                          reports=c.reports, env=dict(c.env), harness=HarnessSpec(**dict(c.harness)),
-                         detector=c.detector, detector_every=c.detector_every, completion=c.completion,
+                         detector=c.detector, detector_every=c.detector_every,
+                         detector_threshold=c.detector_threshold, completion=c.completion,
                          goal_only=c.goal_only, resume=c.resume, records=c.records,
                          privileged_after=c.privileged_after)
         planner = make_planner(c)

@@ -32,6 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.obs_size = ()  # (H, W); (): the policy run's image size (56x56 for the experts alone)
     c.detector = ""  # a detector run trained beside the policy: its invocations end by the detector
     c.detector_every = 2  # query the detector every k steps
+    c.detector_threshold = 0.0  # every subtask's; 0: the detector run's loop threshold
     c.completion = "auto"  # auto (detector if given) | detector | privileged | both (a row each)
     c.goal_only = True  # also the policy given only the final goal
     c.resume = False  # read back the episodes out_dir already holds

@@ -69,6 +69,8 @@ class SuiteSpec:
     # "policy_privileged" with the check). The experts' invocations end on the privileged check.
     detector: str = ""  # a detector run trained beside ``policy`` (experiments.detector's run_x<n>)
     detector_every: int = 2  # query the detector every k steps
+    # The detector's threshold for every subtask: 0 (default), its run's loop threshold (and per-task ones)
+    detector_threshold: float = 0.0
     completion: str = "auto"
     goal_only: bool = True  # also the policy given only the final goal ("policy_goal_only")
     resume: bool = False  # an episode already played under out_dir is read back, not played again
@@ -111,6 +113,9 @@ def check(spec: SuiteSpec) -> None:
             raise FileNotFoundError(f"detector={spec.detector}: no such directory")
     if spec.detector_every < 1:
         raise ValueError(f"detector_every must be >= 1, got {spec.detector_every}")
+    if not 0.0 <= spec.detector_threshold < 1.0:
+        raise ValueError(f"detector_threshold must be in [0, 1) (0: the run's loop threshold), got "
+                         f"{spec.detector_threshold}")
     if spec.privileged_after < 0:
         raise ValueError(f"privileged_after must be >= 0, got {spec.privileged_after}")
     sampling_settings(spec.greedy, spec.temperature, spec.top_p, "long-horizon suite")
@@ -159,6 +164,8 @@ def provenance(spec: SuiteSpec, label: str) -> dict[str, Any]:
     completion = policy_completion(spec)
     if label == "policy" and completion in ("detector", "both"):
         out["detector"] = os.path.abspath(spec.detector)
+        if spec.detector_threshold > 0:
+            out["detector_threshold"] = spec.detector_threshold
     if label == "policy_privileged" or (label == "policy" and completion == "privileged"):
         out["privileged_after"] = spec.privileged_after
     return out
@@ -234,6 +241,8 @@ def run_suite(spec: SuiteSpec, planner: Any, on_episode: Callable[[dict[str, Any
             from histeve_jax.harness.completion import load_detector_completion
 
             detector = load_detector_completion(spec.detector, loaded, spec.policy, every=spec.detector_every)
+            if spec.detector_threshold > 0:
+                detector.threshold, detector.thresholds = spec.detector_threshold, {}
     env = FailureInjector(make("luanti", obs_size=obs_size, **spec.env), [])
     rows: list[dict[str, Any]] = []
     try:
