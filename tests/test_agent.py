@@ -429,6 +429,25 @@ def test_a_policy_row_is_read_back_only_for_the_policy_run_that_played_it(tmp_pa
     assert _finished(str(path), {**played_with, "privileged_after": 16}) is None
 
 
+def test_a_fixed_detector_threshold_is_checked_and_names_the_rows_it_played(runs, tmp_path):
+    """``SuiteSpec.detector_threshold``: in [0, 1) or one error naming it; where set, the detector row's
+    episodes say so (``resume`` then reads back only episodes played at it), 0 keeps the old provenance."""
+    from histeve_jax.harness.suite import check
+
+    policy, _, det, _ = runs
+    spec = SuiteSpec(("wooden_pickaxe",), 1, 1000, executors=("policy",), policy=policy, detector=det,
+                     completion="detector")
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"detector_threshold must be in \[0, 1\)"):
+            check(dataclasses.replace(spec, detector_threshold=bad))
+    assert "detector_threshold" not in provenance(spec, "policy")
+    fixed = provenance(dataclasses.replace(spec, detector_threshold=0.95), "policy")
+    assert fixed["detector_threshold"] == 0.95 and fixed["detector"] == os.path.abspath(det)
+    path = tmp_path / "episode.json"
+    path.write_text(json.dumps({"success": True, **provenance(spec, "policy")}))
+    assert _finished(str(path), fixed) is None and _finished(str(path), provenance(spec, "policy"))
+
+
 @pytest.mark.game
 def test_the_agent_entry_point_with_a_planner_that_only_answers_badly(runs, tmp_path):
     policy, _, det, wrong = runs
