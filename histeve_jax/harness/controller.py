@@ -57,10 +57,10 @@ class WalkBack:
     """The harness's own walk back to a landmark its world memory remembers (``HarnessSpec.walk_back``):
     first it closes a GUI left open (the inventory key, again every 20 steps while it stays open; camera
     moves would only move the pointer), waiting 3 steps once it is closed; then, closed loop on the
-    privileged pose, turning toward ``target`` at the experts' turn rate with the view
-    levelled, walking while it is within 30 degrees ahead, jumping when the position has not changed for 3
-    steps; done (None) within ``WALK_BACK_REACH`` blocks of it, facing it, or after
-    ``WALK_BACK_MAX_STEPS``."""
+    privileged pose, turning toward ``target`` at the experts' turn rate with the view levelled, walking
+    while it is within 30 degrees ahead, jumping when the position has not changed for 3 steps. Done (None)
+    within ``WALK_BACK_REACH`` blocks of it and facing it, after ``WALK_BACK_MAX_STEPS``, or on an info
+    without the pose."""
 
     def __init__(self, target: Sequence[float]):
         self.target = [float(v) for v in target]
@@ -68,7 +68,7 @@ class WalkBack:
         self.since_press: int | None = None  # steps since it pressed the inventory key (None: never)
 
     def act(self, info: Mapping[str, Any]) -> dict[str, Any] | None:
-        if self.steps >= WALK_BACK_MAX_STEPS:
+        if self.steps >= WALK_BACK_MAX_STEPS or info.get("pos") is None:
             return None
         if info.get("is_gui_open") or (self.since_press is not None and self.since_press < 3):
             self.steps += 1
