@@ -281,8 +281,9 @@ class _WalksAway:
 
 @pytest.mark.game
 def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memory_saw(env):
-    """``HarnessSpec.walk_back``: mine_log's executor walks out of the arena until no trunk is in sight;
-    its unrecoverable failure condition ends the invocation, the rules planner finds mine_log inadmissible,
+    """``HarnessSpec.walk_back``: mine_log's executor walks out of the arena until no trunk is in sight; its
+    unrecoverable failure condition (or the view's jump) ends the invocation, the rules planner finds mine_log
+    inadmissible,
     and instead of giving up the harness walks back (its own steps, recorded as ``walk_back``) to a trunk its
     world memory saw; the game's pose after the walk is within reach of that trunk, facing it, and mine_log
     is asked again. Without the option the same episode ends on the planner's failures."""
@@ -292,14 +293,22 @@ def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memor
     agent = HarnessAgent(RulesPlanner(), _WalksAway(), load_schemas(), HarnessSpec(walk_back=True))
     res = run_episode(env, task, 1000, agent, max_steps=700)
     assert not res.interrupted, res.error
-    first = agent.memory.to_json()["episodic"][0]
-    assert first["diagnostics"]["ended_by"] == "failure_condition", first
-    assert "failure condition nothing_to_mine" in first["diagnostics"]["reasons"], first
-    (ev,) = [e for e in agent.events if e["kind"] == "walk_back"]
+    walks = [e for e in agent.events if e["kind"] == "walk_back"]  # (the executor walks off again after it)
+    ev = walks[0]
     assert ev["payload"]["kind"] == "default:tree" and ev["payload"]["distance"] > 16, ev
+    # the invocation that ended where the walk began: on its failure condition (no trunk in sight) or on the
+    # view's jump as the player left the arena; the planner then found mine_log inadmissible
+    (gone,) = [e for e in agent.memory.to_json()["episodic"] if e["start_step"] + e["cost"] == ev["step"]]
+    assert gone["subtask"] == "mine_log(count=1)", gone
+    assert gone["diagnostics"]["ended_by"] in ("failure_condition", "visual_change"), gone
+    (plan,) = [e for e in agent.events if e["kind"] == "planner" and e["step"] == ev["step"]]
+    assert plan["payload"]["subtask"] is None and "mine_log" in plan["payload"]["error"], plan
+    assert "mine_log" not in plan["payload"]["admissible"], plan
     records = agent.label_records(res.records)
-    walked = [i for i, r in enumerate(records) if r.subtask == "walk_back"]
-    assert walked and walked[0] == ev["step"] and walked == list(range(walked[0], walked[-1] + 1))
+    walked = [ev["step"]]
+    while records[walked[-1] + 1].subtask == "walk_back":
+        walked.append(walked[-1] + 1)
+    assert records[walked[0]].subtask == "walk_back" and records[walked[0] - 1].subtask == "mine_log(count=1)"
     assert {records[i].metadata["harness"]["invocation"] for i in walked} == {-1}
     after = records[walked[-1] + 1].metadata  # the game's pose once the walk is done
     tx, _, tz = ev["payload"]["target"]
@@ -307,7 +316,9 @@ def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memor
     assert np.hypot(dx, dz) <= WALK_BACK_REACH + 0.5, (after["pos"], ev)
     facing = (np.degrees(np.arctan2(dx, dz)) - after["yaw"] + 180.0) % 360.0 - 180.0
     assert abs(facing) <= 15.0 and abs(after["pitch"]) <= 15.0, (after, ev)
-    assert records[walked[-1] + 1].subtask == "mine_log(count=1)" and agent.invocations == 2
+    assert records[walked[-1] + 1].subtask == "mine_log(count=1)"  # asked again: a new invocation
+    inv = lambda i: records[i].metadata["harness"]["invocation"]
+    assert inv(walked[-1] + 1) == inv(walked[0] - 1) + 1
 
     bare = HarnessAgent(RulesPlanner(), _WalksAway(), load_schemas())
     res = run_episode(env, task, 1000, bare, max_steps=700)
