@@ -196,14 +196,12 @@ def test_an_invocation_whose_inputs_are_taken_ends_at_once_and_is_replanned(runs
     assert plans[:2] == ["craft_planks(count=4)", "mine_log(count=1)"], plans
 
 
-class _LooksUpThenStands:
-    """An executor at a fixed point, as the policy under a canopy: it looks 30 degrees up over its first
-    three steps, then stands doing nothing, whatever it sees or is asked."""
+class _Scripted:
+    """An executor that plays a fixed motion, whatever it sees or is asked: turns by ``camera`` degrees a
+    step for its first ``turns`` steps, then holds the ``then`` keys (none: stands still)."""
 
-    name = "looks_up_then_stands"
-
-    def __init__(self):
-        self.n = 0
+    def __init__(self, name, turns, camera, then=()):
+        self.name, self.turns, self.camera, self.then, self.n = name, turns, camera, then, 0
 
     def start(self, subtask, obs, info, instruction=""):
         self.label = subtask.label
@@ -213,9 +211,21 @@ class _LooksUpThenStands:
 
         self.n += 1
         action = noop_action()
-        if self.n <= 3:
-            action["camera"] = np.array([-10.0, 0.0], np.float32)
+        if self.n <= self.turns:
+            action["camera"] = np.array(self.camera, np.float32)
+        else:
+            action.update({k: 1 for k in self.then})
         return Decision(action=action, subtask=self.label)
+
+
+def _looks_up_then_stands():
+    """At a fixed point, as the policy under a canopy: 30 degrees up over 3 steps, then still."""
+    return _Scripted("looks_up_then_stands", 3, (-10.0, 0.0))
+
+
+def _walks_away():
+    """Wanders off: turns round (18 steps of 10 degrees), then walks straight on."""
+    return _Scripted("walks_away", 18, (0.0, 10.0), ("forward",))
 
 
 @pytest.mark.game
@@ -227,7 +237,7 @@ def test_a_stalled_invocation_ends_and_the_harness_backs_off_levels_and_turns_be
     from histeve_jax.harness.controller import UNSTICK_BACK
 
     patience = 30
-    agent = HarnessAgent(RulesPlanner(), _LooksUpThenStands(), load_schemas(),
+    agent = HarnessAgent(RulesPlanner(), _looks_up_then_stands(), load_schemas(),
                          HarnessSpec(stall_patience=patience))
     res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=3 + patience + 30)
     assert not res.interrupted, res.error
@@ -255,30 +265,6 @@ def test_a_stalled_invocation_ends_and_the_harness_backs_off_levels_and_turns_be
     assert 0.5 <= moved <= 2.5, (before["pos"], after["pos"])
 
 
-class _WalksAway:
-    """An executor that wanders off: it turns round (18 steps of 10 degrees), then walks straight on,
-    whatever it sees or is asked."""
-
-    name = "walks_away"
-
-    def __init__(self):
-        self.n = 0
-
-    def start(self, subtask, obs, info, instruction=""):
-        self.label = subtask.label
-
-    def act(self, obs, info):
-        from histeve_jax.eval.rollout import Decision
-
-        self.n += 1
-        action = noop_action()
-        if self.n <= 18:
-            action["camera"] = np.array([0.0, 10.0], np.float32)
-        else:
-            action["forward"] = 1
-        return Decision(action=action, subtask=self.label)
-
-
 @pytest.mark.game
 def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memory_saw(env):
     """``HarnessSpec.walk_back``: mine_log's executor walks out of the arena until no trunk is in sight; its
@@ -290,7 +276,7 @@ def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memor
     from histeve_jax.harness.controller import WALK_BACK_REACH
 
     task = load_task("wooden_pickaxe")
-    agent = HarnessAgent(RulesPlanner(), _WalksAway(), load_schemas(), HarnessSpec(walk_back=True))
+    agent = HarnessAgent(RulesPlanner(), _walks_away(), load_schemas(), HarnessSpec(walk_back=True))
     res = run_episode(env, task, 1000, agent, max_steps=700)
     assert not res.interrupted, res.error
     walks = [e for e in agent.events if e["kind"] == "walk_back"]  # (the executor walks off again after it)
@@ -320,7 +306,7 @@ def test_a_player_gone_out_of_sight_of_the_trees_is_walked_back_to_one_its_memor
     inv = lambda i: records[i].metadata["harness"]["invocation"]
     assert inv(walked[-1] + 1) == inv(walked[0] - 1) + 1
 
-    bare = HarnessAgent(RulesPlanner(), _WalksAway(), load_schemas())
+    bare = HarnessAgent(RulesPlanner(), _walks_away(), load_schemas())
     res = run_episode(env, task, 1000, bare, max_steps=700)
     assert not res.success and "the planner gave no executable subtask" in res.error, res.error
     assert not [e for e in bare.events if e["kind"] == "walk_back"]

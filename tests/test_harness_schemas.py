@@ -272,29 +272,45 @@ def test_the_stall_monitor_counts_still_steps_outside_the_gui_and_the_unstick_mo
 
 
 def test_the_walk_back_closes_an_open_gui_first_then_turns_and_walks_to_its_target():
-    """``WalkBack`` by hand: the inventory key while a GUI is open (again after 20 steps if it stays open),
-    3 still steps once it is closed, then a levelled turn toward the target at the experts' rate, walking
-    only within 30 degrees of it; None once within reach and facing it, or after its step limit."""
+    """``WalkBack`` by hand, in a toy world (the camera moves the look exactly, ``forward`` 0.2 blocks along
+    it, the inventory key closes the GUI): the key first, 3 still steps once closed, then turns of at most the
+    experts' rate, walking only within 30 degrees of the target, done within reach of it, level and facing
+    it. Against a wall (the position never changes) it jumps, and gives up after its step limit."""
     from histeve_jax.envs.experts.core import MAX_TURN
     from histeve_jax.harness.controller import WALK_BACK_MAX_STEPS, WALK_BACK_REACH, WalkBack
 
-    here = {"pos": (0.0, 8.5, 0.0), "yaw": 0.0, "pitch": 20.0}
-    walk = WalkBack([9, 9, -1])  # the node's centre (9.5, -0.5): 93 degrees to the right, 9.5 blocks
-    acts = [walk.act({**here, "is_gui_open": True}) for _ in range(22)]
-    assert [a["inventory"] for a in acts] == [1] + [0] * 20 + [1]
-    assert not any(a["forward"] or np.any(a["camera"]) for a in acts)
-    acts = [walk.act({**here, "is_gui_open": False}) for _ in range(4)]
-    assert [a["inventory"] for a in acts] == [0, 0, 0, 0] and not any(np.any(a["camera"]) for a in acts[:3])
-    np.testing.assert_allclose(acts[3]["camera"], [-MAX_TURN, MAX_TURN])
-    assert not acts[3]["forward"]  # 93 degrees off: it turns on the spot
-    ahead = walk.act({**here, "yaw": 85.0, "pitch": 0.0})
-    want = np.degrees(np.arctan2(9.5, -0.5)) - 85.0
-    assert ahead["forward"] and ahead["camera"][1] == pytest.approx(want, abs=1e-4) and abs(want) < MAX_TURN
-    near = {**here, "pos": (9.5 - WALK_BACK_REACH + 0.5, 8.5, -0.5), "pitch": 0.0}
-    assert not walk.act({**near, "yaw": 60.0})["forward"]  # within reach: it only turns to face it
-    assert walk.act({**near, "yaw": 90.0}) is None
-    tired = WalkBack([9, 9, -1])
-    assert sum(tired.act(here) is not None for _ in range(WALK_BACK_MAX_STEPS + 5)) == WALK_BACK_MAX_STEPS
+    target = (9, 9, -1)  # the node's centre (9.5, -0.5): 93 degrees to the right of +z, 9.5 blocks away
+
+    def play(info, moves=True):
+        walk, acts = WalkBack(target), []
+        for _ in range(WALK_BACK_MAX_STEPS + 200):
+            action, phase = walk.act(info)
+            if phase == "done":
+                return info, acts
+            assert phase in ("close_inventory", "walk_back"), phase
+            acts.append(action)
+            yaw, pitch = info["yaw"] + action["camera"][1], info["pitch"] + action["camera"][0]
+            x, y, z = info["pos"]
+            if moves and action["forward"]:
+                x, z = x + 0.2 * np.sin(np.radians(yaw)), z + 0.2 * np.cos(np.radians(yaw))
+            info = {**info, "pos": (x, y, z), "yaw": float(yaw), "pitch": float(pitch),
+                    "is_gui_open": info["is_gui_open"] and not action["inventory"]}
+        raise AssertionError("the walk did not end")
+
+    start = {"pos": (0.0, 8.5, 0.0), "yaw": 0.0, "pitch": 20.0, "is_gui_open": True}
+    end, acts = play(start)
+    assert [a["inventory"] for a in acts[:4]] == [1, 0, 0, 0] and not any(a["inventory"] for a in acts[4:])
+    assert not any(np.any(a["camera"]) or a["forward"] for a in acts[:4])
+    cams = np.array([a["camera"] for a in acts[4:]])
+    assert np.abs(cams).max() <= MAX_TURN + 1e-5
+    assert not acts[4]["forward"]  # 93 degrees off: it turns on the spot first
+    dx, dz = 9.5 - end["pos"][0], -0.5 - end["pos"][2]
+    assert np.hypot(dx, dz) <= WALK_BACK_REACH
+    facing = (np.degrees(np.arctan2(dx, dz)) - end["yaw"] + 180.0) % 360.0 - 180.0
+    assert abs(facing) <= 5.0 and abs(end["pitch"]) <= 5.0, end
+    # a wall: never arrives, jumps once stuck, stops after WALK_BACK_MAX_STEPS steps of walking
+    _, acts = play({**start, "yaw": 93.0, "pitch": 0.0, "is_gui_open": False}, moves=False)
+    assert len(acts) == WALK_BACK_MAX_STEPS and any(a["jump"] for a in acts)
 
 
 @pytest.mark.parametrize("outcome, applicable, failures, changed, recoveries, want", [

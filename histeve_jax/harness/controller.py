@@ -37,8 +37,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from histeve_jax.data.records import StepRecord
-from histeve_jax.envs.base import noop_action, wrap_degrees
-from histeve_jax.envs.experts.core import MAX_TURN
+from histeve_jax.envs.base import noop_action
+from histeve_jax.envs.experts.core import MAX_TURN, Expert
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
 from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
@@ -50,46 +50,25 @@ UNSTICK_BACK = 6  # steps walked backwards after a stall (about a block) ...
 UNSTICK_TURN = (30.0, 90.0)  # ... then the view levelled and turned this many degrees, either way ...
 UNSTICK_MAX_TURN = MAX_TURN  # ... at most this many degrees a step (the experts' turn rate)
 WALK_BACK_REACH = 4.0  # the walk back to a remembered resource ends this many blocks from it ...
-WALK_BACK_MAX_STEPS = 300  # ... or after this many steps
+WALK_BACK_MAX_STEPS = 300  # ... or after this many steps of walking
 
 
-class WalkBack:
-    """The harness's own walk back to a landmark its world memory remembers (``HarnessSpec.walk_back``):
-    first it closes a GUI left open (the inventory key, again every 20 steps while it stays open; camera
-    moves would only move the pointer), waiting 3 steps once it is closed; then, closed loop on the
-    privileged pose, turning toward ``target`` at the experts' turn rate with the view levelled, walking
-    while it is within 30 degrees ahead, jumping when the position has not changed for 3 steps. Done (None)
-    within ``WALK_BACK_REACH`` blocks of it and facing it, after ``WALK_BACK_MAX_STEPS``, or on an info
-    without the pose."""
+class WalkBack(Expert):
+    """The harness's own walk back to a landmark its world memory remembers (``HarnessSpec.walk_back``), made
+    of the experts' shared motions: a GUI left open closed first (``close_inventory``), then ``walk_to``
+    within ``WALK_BACK_REACH`` blocks of the node's centre (turning at the experts' rate with the view
+    levelled, walking while it is within 30 degrees ahead, jumping when stuck; at most
+    ``WALK_BACK_MAX_STEPS``), then ``turn_to`` it at eye level. ``act`` -> (action, "done" once finished)."""
 
     def __init__(self, target: Sequence[float]):
+        super().__init__(None)
         self.target = [float(v) for v in target]
-        self.steps, self.stuck, self.last = 0, 0, None
-        self.since_press: int | None = None  # steps since it pressed the inventory key (None: never)
 
-    def act(self, info: Mapping[str, Any]) -> dict[str, Any] | None:
-        if self.steps >= WALK_BACK_MAX_STEPS or info.get("pos") is None:
-            return None
-        if info.get("is_gui_open") or (self.since_press is not None and self.since_press < 3):
-            self.steps += 1
-            press = bool(info.get("is_gui_open")) and (self.since_press is None or self.since_press >= 20)
-            self.since_press = 0 if press else self.since_press + 1
-            return {**noop_action(), "inventory": int(press)}
-        self.since_press = 99  # closed and settled
-        x, _, z = (float(v) for v in info["pos"])
-        dx, dz = self.target[0] + 0.5 - x, self.target[2] + 0.5 - z  # the node's centre
-        dyaw = wrap_degrees(math.degrees(math.atan2(dx, dz)) - float(info.get("yaw") or 0.0))
-        dpitch = -float(info.get("pitch") or 0.0)
-        arrived = math.hypot(dx, dz) <= WALK_BACK_REACH
-        if arrived and abs(dyaw) <= 10.0 and abs(dpitch) <= 10.0:
-            return None
-        self.steps += 1
-        moved = self.last is None or math.hypot(x - self.last[0], z - self.last[1]) > 0.02
-        self.stuck, self.last = 0 if moved else self.stuck + 1, (x, z)
-        clamp = lambda a: float(np.clip(a, -MAX_TURN, MAX_TURN))
-        walking = not arrived and abs(dyaw) < 30.0
-        return {**noop_action(), "camera": np.array([clamp(dpitch), clamp(dyaw)], np.float32),
-                "forward": int(walking), "jump": int(walking and self.stuck > 3)}
+    def plan(self):
+        x, _, z = self.target
+        centre = (x + 0.5, z + 0.5)
+        yield from self.walk_to(centre, WALK_BACK_REACH, "walk_back", max_steps=WALK_BACK_MAX_STEPS)
+        yield from self.turn_to((x + 0.5, self.eye()[1], z + 0.5), "walk_back", tol=5.0)
 
 
 def unstick_actions(info: Mapping[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -399,8 +378,8 @@ class HarnessAgent:
             if self.unstick:  # the harness's own motion after a stall, between invocations
                 return self._own(self.unstick.popleft(), "unstick")
             if self.walk is not None:  # its walk back to a remembered resource, before it plans again
-                action = self.walk.act(info)
-                if action is not None:
+                action, phase = self.walk.act(info)
+                if phase != "done":
                     return self._own(action, "walk_back")
                 self.walk = None
             if self.resume is not None:
