@@ -107,7 +107,6 @@ def detector_config(c: Any, policy: str) -> Any:
         crop_tokens = ((b - t) * s // 28) * ((r - l) * s // 28) + 2
         d.detector.max_len += crop_tokens * (1 + bool(c.detector_anchor))
     d.detector.per_unit = c.detector_per_unit
-    d.detector.hard_negatives = c.detector_hard_negatives
     d.detector.subtasks = bool(c.detector_subtasks)
     d.detector.anchor, d.detector.resume_units = bool(c.detector_anchor), bool(c.detector_resume_units)
     d.detector.loop_resume_units = bool(c.detector_loop_resume_units)

@@ -210,7 +210,7 @@ def run(cfg: Any, workdir: str, *, cross_attention_every: int | None = None, log
     run_dir = os.path.join(workdir, f"run_x{det_config.cross_attention_every}")
     spec = run_spec(cfg, run_dir, train_dirs=(splits[0],), eval_dirs=(splits[1],))
     options = QueryOptions(d.per_unit, d.post_window, d.subtasks, spec.data.seed, d.start_jitter,
-                           bool(d.resume_units), int(d.hard_negatives))
+                           bool(d.resume_units))
     scored = eval_options(cfg, spec.data.seed)  # validation and test: the task units, from the first step
     stage = detector_stage(spec, det_config, policy_config, load_policy=load_policy, detector_dir=pruned_dir,
                            queries=options)

@@ -217,35 +217,6 @@ def test_resume_units_begin_at_each_rise_of_the_product_and_their_frames_clamp_t
                    (4, (102, 102, 104)), (5, (105, 105, 105)), (6, (105, 105, 106))]
 
 
-def test_hard_negatives_are_each_units_last_incomplete_steps_and_survive_the_balancing():
-    # A craft: 20 steps before its output is taken at step 20, done from there (post_window 2), and a
-    # failed episode of 30 incomplete steps that makes the negatives outnumber the positives.
-    steps = [_step("e", i, completed=int(i >= 20)) for i in range(24)]
-    failed = [_step("f", i, kind="eval") for i in range(30)]
-    (unit,) = data_lib.episode_units(steps, post_window=2, subtasks=False)
-    assert data_lib.boundary_negatives(unit, 4) == (16, 17, 18, 19)
-    assert data_lib.boundary_negatives(unit, 0) == ()
-    (never,) = data_lib.episode_units(failed, subtasks=False)
-    assert data_lib.boundary_negatives(never, 4) == ()  # no complete step: no boundary
-    draw = lambda k, seed: data_lib.sample_queries({"e": steps, "f": failed}, (4, 0), per_unit=3,
-                                                   post_window=2, subtasks=False, seed=seed, hard_negatives=k)
-    for seed in range(20):
-        qs = draw(4, seed)
-        counts = data_lib.label_counts(qs)
-        # 3 positives of 4; 3 + 4 negatives of "e" and 3 of "f" subsampled to 3, the 4 boundary ones kept
-        assert counts["positives"] == counts["negatives"] == 3
-        neg = [(q.episode_id, q.step) for q in qs if q.label == 0]
-        assert len(set(neg)) == 3 and all(n in {("e", 16), ("e", 17), ("e", 18), ("e", 19)} for n in neg)
-        q = next(q for q in qs if q.label == 0)
-        assert q.frames == (100 + q.step - 4, 100 + q.step)
-    # Without them a uniform draw of the same size seldom holds one: what the option is for.
-    plain = [sum(q.label == 0 and q.episode_id == "e" and q.step >= 16 for q in draw(0, s))
-             for s in range(20)]
-    assert sum(plain) < 20 * 3 / 2
-    assert draw(0, 3) == data_lib.sample_queries({"e": steps, "f": failed}, (4, 0), per_unit=3, post_window=2,
-                                                 subtasks=False, seed=3)
-
-
 def test_the_anchor_slot_reads_the_invocations_first_frame_after_the_history_has_moved_on(pruned):
     config = pruned[0].config.replace(anchor=True)
     assert config.frame_offsets() == (ANCHOR_OFFSET, 12, 8, 4, 0) and config.num_frames == 5

@@ -39,7 +39,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 0/6 against 3/6 without, its loop threshold 0.97 against 0.93)
     c.detector_rollout_task_episodes = ""
     c.detector_per_unit = 8  # queries per unit and class (3: the detector barely learnt in 1000 steps)
-    c.detector_hard_negatives = 0  # each unit's last k incomplete steps, always drawn (detector.data)
     # Training units: each subtask and its expert's phases (aim, dig, ...) as instructions of their own
     # (True), or the subtasks only (False), which the loop asks
     c.detector_subtasks = True

@@ -77,9 +77,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d.post_window = 4  # steps after a subtask boundary that count as complete
     d.subtasks = True  # training units: the task and each of the expert's phases (aim, dig, place, ...)
     d.start_jitter = False  # True: training queries begin their invocation at a random step (detector.data)
-    # Each training unit's last k incomplete steps, drawn besides per_unit and kept when the classes are
-    # balanced (detector.data.boundary_negatives: a craft's output shown and not yet taken). 0: none.
-    d.hard_negatives = 0
     # The invocation's first frame as one more slot (DetectorConfig.anchor; max_len must hold a frame's tokens
     # and its 2 vision markers more: experiments.agent raises it so)
     d.anchor = False

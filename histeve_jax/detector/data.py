@@ -243,25 +243,10 @@ def query_frames(steps: Sequence[Step], position: int, offsets: Sequence[int],
     return tuple(steps[max(position - o, start)].index for o in offsets)
 
 
-def boundary_negatives(unit: Unit, k: int) -> tuple[int, ...]:
-    """The unit's last ``k`` incomplete steps before its first complete one (none without a complete step):
-    the frames that look most like done. A craft's are those with its output shown in the output slot and
-    not yet taken (the expert takes it within 3-5 steps, so a uniform draw of 8 from a craft's 20-36
-    incomplete steps holds about one); a dig's, the block cracked and not yet broken."""
-    if k <= 0 or not unit.positives:
-        return ()
-    first = min(unit.positives)
-    return tuple(sorted(p for p in unit.negatives if p < first)[-k:])
-
-
 def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, per_unit: int = 3,
                    post_window: int = 4, subtasks: bool = True, seed: int = 0,
-                   start_jitter: bool = False, resume: bool = False, hard_negatives: int = 0) -> list[Query]:
+                   start_jitter: bool = False, resume: bool = False) -> list[Query]:
     """A balanced query set (module docstring), in a seeded order.
-
-    ``hard_negatives``: each unit's ``boundary_negatives`` of that many steps are drawn besides its
-    ``per_unit`` and kept when the larger class is subsampled (the rest of the negatives are drawn down
-    around them), so the detector sees every craft's output shown and not yet taken.
 
     ``start_jitter``: each query's invocation begins at a step drawn uniformly up to it, not at the
     episode's first step, so how much of its history is a repeat of the first frame says nothing of the
@@ -272,22 +257,18 @@ def sample_queries(episodes: dict[str, list[Step]], offsets: Sequence[int], *, p
     rng = random.Random(seed)
     pos: list[Query] = []
     neg: list[Query] = []
-    hard: list[Query] = []
     for eid in sorted(episodes):
         steps = episodes[eid]
         for unit in episode_units(steps, post_window=post_window, subtasks=subtasks, resume=resume):
-            boundary = boundary_negatives(unit, hard_negatives)
-            rest = tuple(p for p in unit.negatives if p not in boundary)
-            for label, where, out in ((1, unit.positives, pos), (0, rest, neg), (0, boundary, hard)):
-                chosen = where if out is hard else rng.sample(where, min(per_unit, len(where)))
+            for label, where, out in ((1, unit.positives, pos), (0, unit.negatives, neg)):
+                chosen = rng.sample(where, min(per_unit, len(where)))
                 out.extend(Query(eid, steps[p].step,
                                  query_frames(steps, p, offsets,
                                               rng.randint(unit.start, p) if start_jitter else unit.start),
                                  unit.instruction, steps[p].regime, label, steps[p].kind)
                            for p in sorted(chosen))
-    k = min(len(pos), len(neg) + len(hard))
-    kept = rng.sample(hard, min(k, len(hard)))
-    out = rng.sample(pos, k) + kept + rng.sample(neg, k - len(kept))
+    k = min(len(pos), len(neg))
+    out = rng.sample(pos, k) + rng.sample(neg, k)
     rng.shuffle(out)
     return out
 

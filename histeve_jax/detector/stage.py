@@ -42,7 +42,6 @@ class QueryOptions:
     seed: int = 0
     start_jitter: bool = False
     resume: bool = False  # also the task's resume units (``detector.data.resume_units``)
-    hard_negatives: int = 0  # each unit's last k incomplete steps, always drawn (``detector.data``)
 
 
 def loader_options(data: DataSpec, *, train: bool) -> pipeline.LoaderOptions:
@@ -66,7 +65,7 @@ def queries_of(dirs: list[str] | tuple[str, ...], config: DetectorConfig, policy
     queries = data_lib.sample_queries(episodes, offsets, per_unit=options.per_unit,
                                       post_window=options.post_window, subtasks=options.subtasks,
                                       seed=options.seed, start_jitter=options.start_jitter,
-                                      resume=options.resume, hard_negatives=options.hard_negatives)
+                                      resume=options.resume)
     return shards, queries
 
 
