@@ -80,8 +80,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # and the harness backs off and turns (HarnessSpec; 0: off). 100 since stop 50: held-out wooden_pickaxe
     # in row 1 6/20 against 2/20 without it, row 2 5/10 both (README "Stalls")
     # walk_back: the harness walks back to a resource out of sight that its world memory saw (HarnessSpec)
+    # completion_after_close: the detector's invocation begins at the policy's first step (HarnessSpec)
     p.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
-                                              "stall_patience": 100, "walk_back": False})
+                                              "stall_patience": 100, "walk_back": False,
+                                              "completion_after_close": True})
     c.play = p
 
     c.planner = "rules"  # rules | endpoint (any OpenAI-compatible server) | local (a Qwen2.5-VL directory)

@@ -49,9 +49,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.local_model = ""  # planner=local: a Qwen2.5-VL save_pretrained directory
     # stall_patience: steps the player may stand still outside the GUI before an invocation ends as a stall
     # and the harness backs off and turns (HarnessSpec); 0: off. walk_back: when the planner has no executable
-    # subtask for a resource out of sight, the harness walks back to one its world memory saw (HarnessSpec)
+    # subtask for a resource out of sight, the harness walks back to one its world memory saw (HarnessSpec).
+    # completion_after_close: the detector's invocation begins at the policy's first step, after the executor
+    # closed a GUI left open (HarnessSpec); False: at the invocation's first step, as before stop 52.
     c.harness = ml_collections.ConfigDict({"max_recoveries": 2, "max_planner_failures": 3,
-                                              "stall_patience": 0, "walk_back": False})
+                                              "stall_patience": 0, "walk_back": False,
+                                              "completion_after_close": True})
     if variant == "full":
         c.episodes = 10
     elif variant != "tiny":

@@ -41,6 +41,7 @@ from histeve_jax.envs.base import noop_action
 from histeve_jax.envs.experts.core import MAX_TURN, Expert
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
+from histeve_jax.harness.executors import CLOSE_GUI
 from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
 from histeve_jax.harness.planners.base import Planner, PlanningContext
 from histeve_jax.harness.schemas import Subtask, SubtaskSchema, evaluate_condition
@@ -146,6 +147,13 @@ class HarnessSpec:
     # arena), the harness walks back toward the nearest such resource its world memory saw (``WalkBack``),
     # once per run of planner failures, then plans again. False: those planner failures end the episode.
     walk_back: bool = False
+    # The completion signal's invocation begins where the policy's own does: after the executor's closing of
+    # a GUI the last invocation left open (``executors.CLOSE_GUI`` steps: not queried, and the signal reset
+    # on the policy's first step, as its frame history is). Otherwise the detector's history holds the last
+    # craft's finished screen and it was queried on it: replaying the privileged row's invocations (seeds
+    # 6100-6109, 6200-6209), stop 48's detector fired before the check held in 76 of 109 crafts, nearly all
+    # at the second query (3 steps in), against 33 of 106 begun with the policy. False: from the first step.
+    completion_after_close: bool = True
 
 
 class HarnessAgent:
@@ -276,6 +284,7 @@ class HarnessAgent:
         if self.stall is not None:
             self.stall.push(info)
         self.completion.reset(subtask, obs, info)
+        self.closing = False  # the executor is closing a GUI left open (HarnessSpec.completion_after_close)
         self.executor.start(subtask, obs, info)
 
     # ------------------------------------------------------------------------------------------ handoff
@@ -349,7 +358,7 @@ class HarnessAgent:
         self.complete = self.current.is_complete(info)
         if self.done_at is None and self.complete:
             self.done_at = self.inv_steps
-        p = self.completion.probability(obs, info)
+        p = None if self.closing else self.completion.probability(obs, info)
         self.series["completion"].append(None if p is None else float(p))
         if p is not None:
             under = p < self.completion.threshold
@@ -402,6 +411,12 @@ class HarnessAgent:
             if decision.subtask == "done":
                 self._end(obs, info, "executor_done")
                 continue
+            if self.spec.completion_after_close:
+                closing = decision.subtask.endswith(f"/{CLOSE_GUI}")
+                if self.closing and not closing:  # the policy's first step: the signal starts here too
+                    self.completion.reset(self.current, obs, info)
+                    self.over = 0
+                self.closing = closing
             self.trace.append({"invocation": self.invocations, "subtask": self.current.label,
                                "task": self.current.task, "instruction": self.instruction,
                                "check": int(self.complete)})  # this step's (``_start`` or ``_ended``)

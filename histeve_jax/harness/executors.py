@@ -124,6 +124,9 @@ class ExpertExecutor:
         return Decision(action=action, subtask="done" if phase == "done" else f"{self._label}/{phase}")
 
 
+CLOSE_GUI = "close_gui"  # the phase of a policy invocation's first steps that close a GUI left open
+
+
 class _CloseGui(Expert):
     """Closes a GUI that an earlier invocation left open (the expert's three taps at most), then is done."""
 
@@ -168,7 +171,7 @@ class PolicyExecutor:
         if self._closer is not None:
             action, phase = self._closer.act(info)
             if phase != "done":
-                return Decision(action=action, subtask=f"{self._label}/close_gui", text=action_text(action))
+                return Decision(action=action, subtask=f"{self._label}/{CLOSE_GUI}", text=action_text(action))
             self._closer = None  # closed: the policy's history starts at the world view
         regime = int(bool(info["is_gui_open"]))
         frames = self.frames.push(np.asarray(obs["image"]), regime)
