@@ -166,6 +166,49 @@ def test_after_an_early_handoff_the_detector_stops_that_subtask_again_only_once_
 
 
 @pytest.mark.game
+def test_an_invocation_begun_in_the_gui_is_watched_from_the_policys_first_step(runs, env):
+    """``HarnessSpec.completion_after_close`` (the default): an invocation that finds the GUI open (as a craft
+    leaves it) is not queried while the executor closes it, and the detector's frames restart at the
+    policy's first step, as the policy's own do. At threshold 0 the rule fires on the second query: three
+    steps after the policy's first, where without it the detector stops the invocation three steps in, on
+    the screen the GUI showed."""
+    policy, loaded, det, _ = runs
+    task = load_task("wooden_pickaxe")
+
+    def play(spec):
+        completion = load_detector_completion(det, loaded, policy, every=2)
+        agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), spec,
+                             completion=completion)
+        obs, info = env.reset(seed=1000, options={"task": task})
+        obs, _, _, _, info = env.step({**noop_action(), "inventory": 1})
+        for _ in range(10):  # let the client open it
+            if info["is_gui_open"]:
+                break
+            obs, _, _, _, info = env.step(noop_action())
+        assert info["is_gui_open"]
+        agent.reset(task, obs, info, 1000)
+        labels = []
+        while not any(e["kind"] == "completion" for e in agent.events):
+            decision = agent.act(obs, info)
+            labels.append(decision.subtask)
+            obs, _, _, _, info = env.step(decision.action)
+            assert len(labels) < 30, labels
+        stop = next(e["payload"] for e in agent.events if e["kind"] == "completion")
+        return labels, agent.series["completion"], stop
+
+    labels, series, stop = play(HarnessSpec())
+    closing = sum(x.endswith("/close_gui") for x in labels)
+    assert closing >= 1 and labels[:closing] == ["mine_log(count=1)/close_gui"] * closing, labels
+    # Not queried while closing nor at the policy's first step (its frame is the detector's step 0); then
+    # steps 1 and 3 of the policy's own, the second of which stops it.
+    assert [p is None for p in series[:closing + 4]] == [True] * (closing + 1) + [False, True, False]
+    assert stop["step"] == closing + 3 and not stop["check_holds"]
+    labels, series, stop = play(HarnessSpec(completion_after_close=False))
+    assert stop["step"] == 3 and labels[0] == "mine_log(count=1)/close_gui", labels
+    assert [p is None for p in series[:4]] == [True, False, True, False]
+
+
+@pytest.mark.game
 def test_an_invocation_whose_inputs_are_taken_ends_at_once_and_is_replanned(runs, env):
     """The log taken 3 steps into craft_planks: the policy cannot finish it now, and the harness ends the
     invocation once the schema's unrecoverable failure condition has held for ``failure_patience`` steps (20),

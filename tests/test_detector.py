@@ -417,6 +417,29 @@ def test_a_harness_episode_is_one_unit_per_invocation_replayed_from_its_own_star
         data_lib.read_steps(str(tmp_path / "bad"))
 
 
+def test_an_invocations_unit_begins_where_the_policy_does_after_closing_a_gui_left_open():
+    """The policy executor's first steps of an invocation that found the GUI open close it (record subtask
+    ``<label>/close_gui``): in no unit, the unit and its replay begin at the policy's first step (as the
+    detector's invocation does in the loop, ``HarnessSpec.completion_after_close``); an invocation that only
+    closed it gives none."""
+    def step(i, k, task, check, closing=False):
+        return dataclasses.replace(
+            _step("h", i, subtask=f"{task}(count=1)" + ("/close_gui" if closing else "")),
+            invocation=k, invocation_instruction=task, invocation_task=task, check=check)
+
+    steps = ([step(i, 0, "mine_log", int(i == 2)) for i in range(3)]
+             + [step(i, 1, "craft_sticks", int(i == 8), closing=i < 6) for i in range(3, 9)]
+             + [step(i, 2, "craft_planks", 0, closing=True) for i in range(9, 11)])
+    units = data_lib.invocation_units(steps)
+    assert [(u.instruction, u.start, u.negatives, u.positives) for u in units] == [
+        ("mine_log", 0, (0, 1), (2,)), ("craft_sticks", 6, (6, 7), (8,))]
+    assert [(r.start, r.end, r.done, r.task) for r in data_lib.replays(steps)] == [
+        (0, 3, 2, "mine_log"), (6, 9, 2, "craft_sticks")]
+    qs = data_lib.sample_queries({"h": steps}, (4, 0), per_unit=8)
+    assert {(q.step, q.frames) for q in qs if q.instruction == "craft_sticks"} >= {(8, (106, 108))}
+    assert all(q.step not in (3, 4, 5, 9, 10) for q in qs)
+
+
 def test_the_privileged_check_after_k_steps_reads_1_only_once_it_has_held_longer():
     from histeve_jax.harness.controller import PrivilegedCompletion
     from histeve_jax.harness.schemas import load_schemas

@@ -39,6 +39,7 @@ import numpy as np
 from histeve_jax.data import pipeline
 from histeve_jax.data import records as R
 from histeve_jax.detector.inputs import QueryInputs
+from histeve_jax.harness.executors import CLOSE_GUI
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +130,9 @@ def is_harness_episode(steps: Sequence[Step]) -> bool:
 
 def invocation_units(steps: Sequence[Step]) -> list[Unit]:
     """One unit per harness invocation of an episode (module docstring): its steps where the check did not
-    hold are its negatives, those where it held its positives, its first step its start."""
+    hold are its negatives, those where it held its positives, its first step its start; the steps the
+    policy executor spent closing a GUI left open (record subtask ``<label>/close_gui``) are in none, its
+    start the policy's first step (none of an invocation that only closed it)."""
     spans: dict[int, list[int]] = {}
     for i, s in enumerate(steps):
         if s.invocation >= 0:
@@ -139,6 +142,11 @@ def invocation_units(steps: Sequence[Step]) -> list[Unit]:
         where = spans[k]
         if where != list(range(where[0], where[-1] + 1)):
             raise R.RecordError(f"episode {steps[0].episode_id}: invocation {k}'s steps are not contiguous")
+        # from the executor's own first step: not the steps closing a GUI the last invocation left open
+        # (``HarnessSpec.completion_after_close``: the detector's invocation begins there in the loop)
+        where = [p for p in where if not steps[p].subtask.endswith(f"/{CLOSE_GUI}")]
+        if not where:
+            continue
         units.append(Unit(steps[where[0]].invocation_instruction,
                           tuple(p for p in where if steps[p].check == 0),
                           tuple(p for p in where if steps[p].check == 1), start=where[0]))
