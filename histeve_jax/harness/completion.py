@@ -62,6 +62,12 @@ class DetectorCompletion:
     def probability(self, obs: dict, info: dict) -> float | None:
         return self.monitor.observe(self.codec(obs["image"]), info).probability
 
+    def restart(self, obs: dict, info: dict) -> None:
+        """The invocation's frames begin again at this step, on the instruction it was reset with (not read
+        again from ``info``: a craft's input may be off the slots while the GUI closes)."""
+        self.monitor.reset(self.monitor.instruction, int(bool(info.get("is_gui_open", False))))
+        self.monitor.observe(self.codec(obs["image"]), info)
+
 
 def detector_threshold(report: dict[str, Any], path: str) -> float:
     """The loop threshold of a detector run's report, else its F1 threshold; neither: an error naming it."""

@@ -96,6 +96,10 @@ class CompletionSignal(Protocol):
 
     def probability(self, obs: dict, info: dict) -> float | None: ...
 
+    def restart(self, obs: dict, info: dict) -> None:
+        """The same invocation watched again from this step (its subtask and instruction kept): where the
+        executor's own steps begin after it closed a GUI left open."""
+
 
 class PrivilegedCompletion:
     """The subtask's completion check on the privileged info, as 0 or 1 at every step.
@@ -119,6 +123,9 @@ class PrivilegedCompletion:
     def probability(self, obs: dict, info: dict) -> float:
         self.held = self.held + 1 if self.subtask.is_complete(info) else 0
         return float(self.held > self.after)
+
+    def restart(self, obs: dict, info: dict) -> None:
+        """Nothing to restart: the check reads each step's own info."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,7 +421,7 @@ class HarnessAgent:
             if self.spec.completion_after_close:
                 closing = decision.subtask.endswith(f"/{CLOSE_GUI}")
                 if self.closing and not closing:  # the policy's first step: the signal starts here too
-                    self.completion.reset(self.current, obs, info)
+                    self.completion.restart(obs, info)
                     self.over = 0
                 self.closing = closing
             self.trace.append({"invocation": self.invocations, "subtask": self.current.label,
