@@ -486,6 +486,14 @@ def test_a_fixed_detector_threshold_is_checked_and_names_the_rows_it_played(runs
     path = tmp_path / "episode.json"
     path.write_text(json.dumps({"success": True, **provenance(spec, "policy")}))
     assert _finished(str(path), fixed) is None and _finished(str(path), provenance(spec, "policy"))
+    # A detector row names where its detector began watching; a file written before it did was played
+    # watching from the invocation's first step, and is read back only for that.
+    assert provenance(spec, "policy")["completion_after_close"] is True
+    old = {k: v for k, v in provenance(spec, "policy").items() if k != "completion_after_close"}
+    path.write_text(json.dumps({"success": True, **old}))
+    before = dataclasses.replace(spec, harness=HarnessSpec(completion_after_close=False))
+    assert _finished(str(path), provenance(spec, "policy")) is None
+    assert _finished(str(path), provenance(before, "policy")) is not None
 
 
 @pytest.mark.game

@@ -155,7 +155,7 @@ class HarnessSpec:
     # once per run of planner failures, then plans again. False: those planner failures end the episode.
     walk_back: bool = False
     # The completion signal's invocation begins where the policy's own does: after the executor's closing of
-    # a GUI the last invocation left open (``executors.CLOSE_GUI`` steps: not queried, and the signal reset
+    # a GUI the last invocation left open (``executors.CLOSE_GUI`` steps: not queried; the signal restarted
     # on the policy's first step, as its frame history is). Otherwise the detector's history holds the last
     # craft's finished screen and it was queried on it: replaying the privileged row's invocations (seeds
     # 6100-6109, 6200-6209), stop 48's detector fired before the check held in 76 of 109 crafts, nearly all
@@ -185,6 +185,7 @@ class HarnessAgent:
         self.trace: list[dict[str, Any]] = []  # per step acted (``label_records``)
         self.frames: deque[np.ndarray] = deque(maxlen=self.spec.recent_frames)
         self.current: Subtask | None = None
+        self.closing = False  # the executor is closing a GUI left open (HarnessSpec.completion_after_close)
         self.recoveries = 0
         self.planner_failures = 0
         self.invocations = 0
@@ -291,7 +292,7 @@ class HarnessAgent:
         if self.stall is not None:
             self.stall.push(info)
         self.completion.reset(subtask, obs, info)
-        self.closing = False  # the executor is closing a GUI left open (HarnessSpec.completion_after_close)
+        self.closing = False
         self.executor.start(subtask, obs, info)
 
     # ------------------------------------------------------------------------------------------ handoff

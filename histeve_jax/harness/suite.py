@@ -146,15 +146,18 @@ def _run(env: FailureInjector, task: Any, seed: int, agent: Any, max_steps: int,
     return res
 
 
-# What an episode file written before a provenance key existed was played with: the default sampling and
-# no time past completion; a file without its policy or detector run is played again.
-LEGACY_PROVENANCE = {"sampling": sampling_settings(False, 1.0, 1.0, "default"), "privileged_after": 0}
+# What an episode file written before a provenance key existed was played with: the default sampling, no
+# time past completion, the detector watching from the invocation's first step (before stop 52); a file
+# without its policy or detector run is played again.
+LEGACY_PROVENANCE = {"sampling": sampling_settings(False, 1.0, 1.0, "default"), "privileged_after": 0,
+                     "completion_after_close": False}
 
 
 def provenance(spec: SuiteSpec, label: str) -> dict[str, Any]:
     """What a row's episode was played with, written into its episode file and compared by ``resume``: for
     the policy rows the policy run (its absolute path, ``@step`` where a step is chosen) and the sampling;
-    for the row the detector ends its detector run (absolute path); for the rows the privileged check ends
+    for the row the detector ends its detector run (absolute path) and whether it watched from the policy's
+    first step (``HarnessSpec.completion_after_close``); for the rows the privileged check ends
     ``privileged_after``. The experts' rows: nothing."""
     if not label.startswith("policy"):
         return {}
@@ -164,6 +167,7 @@ def provenance(spec: SuiteSpec, label: str) -> dict[str, Any]:
     completion = policy_completion(spec)
     if label == "policy" and completion in ("detector", "both"):
         out["detector"] = os.path.abspath(spec.detector)
+        out["completion_after_close"] = spec.harness.completion_after_close
         if spec.detector_threshold > 0:
             out["detector_threshold"] = spec.detector_threshold
     if label == "policy_privileged" or (label == "policy" and completion == "privileged"):
