@@ -92,6 +92,29 @@ def test_a_subtask_with_its_own_loop_threshold_is_held_to_it(runs, tmp_path):
     assert completion.threshold == 0.2
 
 
+def test_a_restart_keeps_the_invocations_instruction_and_begins_its_frames_again(runs):
+    """``DetectorCompletion.restart`` (the policy's first step after closing a GUI): the instruction the
+    invocation was reset with, not read again from an info where the craft's input is off the slots (the
+    planks on the pointer as the GUI closes: reading it raised), and the frame history from this step."""
+    policy, loaded, det, _ = runs
+    completion = load_detector_completion(det, loaded, policy, every=2)
+    sticks = load_schemas()["craft_sticks"].instantiate({"count": 4})
+    image = lambda v: {"image": np.full((*loaded.config.image_size, 3), v, np.uint8)}
+    held = {"inventory": {"default:wood": 4}, "is_gui_open": True,
+            "inventory_slots": [{"type": "default:tree"}, {"type": "default:wood"}]}
+    completion.reset(sticks, image(10), held)
+    told = completion.monitor.instruction
+    assert "slot 2" in told
+    for v in (20, 30, 40):
+        completion.probability(image(v), held)
+    away = {"inventory": {}, "is_gui_open": False, "inventory_slots": [{"type": "default:tree"}]}
+    with pytest.raises(ValueError, match="no inventory slot holds it"):
+        sticks.instruction_at(away)
+    completion.restart(image(50), away)
+    assert completion.monitor.instruction == told and completion.monitor.regime == 0
+    assert completion.monitor.step == 0 and [int(f[0][0, 0, 0]) for f in completion.monitor._frames] == [50]
+
+
 @pytest.mark.game
 def test_the_detector_ends_each_invocation_on_its_second_query_at_the_loop_threshold(runs, env):
     policy, loaded, det, _ = runs
