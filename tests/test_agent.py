@@ -26,7 +26,7 @@ from histeve_jax.eval.policy_agent import load_run
 from histeve_jax.eval.rollout import run_episode
 from histeve_jax.harness.completion import load_detector_completion
 from histeve_jax.harness.controller import HarnessAgent, HarnessSpec
-from histeve_jax.harness.executors import ExpertExecutor, PolicyExecutor
+from histeve_jax.harness.executors import ExpertExecutor, PolicyExecutor, closes_gui
 from histeve_jax.harness.inject import FailureInjector
 from histeve_jax.harness.memory import ProceduralMemory
 from histeve_jax.harness.planners.rules import RulesPlanner
@@ -124,14 +124,16 @@ def test_the_detector_ends_each_invocation_on_its_second_query_at_the_loop_thres
     # The paper's bare rule (no rearming after an early handoff: the next test covers that).
     agent = HarnessAgent(RulesPlanner(), PolicyExecutor(loaded), load_schemas(), HarnessSpec(rearm=False),
                          completion=completion)
-    res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=20)
+    res = run_episode(env, load_task("wooden_pickaxe"), 1000, agent, max_steps=40)
     assert not res.interrupted, res.error
     episodic = agent.memory.to_json()["episodic"]
     ended = [e for e in episodic if e["diagnostics"]["ended_by"] == "detector"]
-    # Queried on the invocation's steps 1, 3, ... (its first frame is step 0): two queries at or over the
-    # threshold end it after 3 actions. A stop whose subtask's check does not hold is an early handoff (a
-    # random policy holding attack across invocations can still finish a log now and then).
-    assert len(ended) >= 5 and all(e["cost"] == every + 1 for e in ended), episodic
+    # Queried on the invocation's steps 1, 3, ... (its first frame is step 0) from the policy's first step
+    # (after closing a GUI the random policy left open, ``completion_after_close``): two queries at or over
+    # the threshold end it 3 actions later. A stop whose subtask's check does not hold is an early handoff
+    # (a random policy holding attack across invocations can still finish a log now and then).
+    closing = lambda e: sum(closes_gui(r.subtask) for r in res.records[e["start_step"]:][:e["cost"]])
+    assert len(ended) >= 5 and all(e["cost"] - closing(e) == every + 1 for e in ended), episodic
     stops = [e["payload"] for e in agent.events if e["kind"] == "completion"]
     assert len(stops) == len(ended) and all(s["threshold"] == LOOP_THRESHOLD for s in stops)
     assert agent.summary()["early_handoffs"] == sum(not s["check_holds"] for s in stops) > 0
@@ -220,7 +222,7 @@ def test_an_invocation_begun_in_the_gui_is_watched_from_the_policys_first_step(r
         return labels, agent.series["completion"], stop
 
     labels, series, stop = play(HarnessSpec())
-    closing = sum(x.endswith("/close_gui") for x in labels)
+    closing = sum(map(closes_gui, labels))
     assert closing >= 1 and labels[:closing] == ["mine_log(count=1)/close_gui"] * closing, labels
     # Not queried while closing nor at the policy's first step (its frame is the detector's step 0); then
     # steps 1 and 3 of the policy's own, the second of which stops it.

@@ -39,7 +39,7 @@ import numpy as np
 from histeve_jax.data import pipeline
 from histeve_jax.data import records as R
 from histeve_jax.detector.inputs import QueryInputs
-from histeve_jax.harness.executors import CLOSE_GUI
+from histeve_jax.harness.executors import closes_gui
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +144,7 @@ def invocation_units(steps: Sequence[Step]) -> list[Unit]:
             raise R.RecordError(f"episode {steps[0].episode_id}: invocation {k}'s steps are not contiguous")
         # from the executor's own first step: not the steps closing a GUI the last invocation left open
         # (``HarnessSpec.completion_after_close``: the detector's invocation begins there in the loop)
-        where = [p for p in where if not steps[p].subtask.endswith(f"/{CLOSE_GUI}")]
+        where = [p for p in where if not closes_gui(steps[p].subtask)]
         if not where:
             continue
         units.append(Unit(steps[where[0]].invocation_instruction,

@@ -41,7 +41,7 @@ from histeve_jax.envs.base import noop_action
 from histeve_jax.envs.experts.core import MAX_TURN, Expert
 from histeve_jax.envs.tasks import Task
 from histeve_jax.eval.rollout import Decision
-from histeve_jax.harness.executors import CLOSE_GUI
+from histeve_jax.harness.executors import closes_gui
 from histeve_jax.harness.memory import EpisodicEntry, Memory, ProceduralMemory
 from histeve_jax.harness.planners.base import Planner, PlanningContext
 from histeve_jax.harness.schemas import Subtask, SubtaskSchema, evaluate_condition
@@ -155,7 +155,7 @@ class HarnessSpec:
     # once per run of planner failures, then plans again. False: those planner failures end the episode.
     walk_back: bool = False
     # The completion signal's invocation begins where the policy's own does: after the executor's closing of
-    # a GUI the last invocation left open (``executors.CLOSE_GUI`` steps: not queried; the signal restarted
+    # a GUI the last invocation left open (``executors.closes_gui`` steps: not queried; the signal restarted
     # on the policy's first step, as its frame history is). Otherwise the detector's history holds the last
     # craft's finished screen and it was queried on it: replaying the privileged row's invocations (seeds
     # 6100-6109, 6200-6209), stop 48's detector fired before the check held in 76 of 109 crafts, nearly all
@@ -420,7 +420,7 @@ class HarnessAgent:
                 self._end(obs, info, "executor_done")
                 continue
             if self.spec.completion_after_close:
-                closing = decision.subtask.endswith(f"/{CLOSE_GUI}")
+                closing = closes_gui(decision.subtask)
                 if self.closing and not closing:  # the policy's first step: the signal starts here too
                     self.completion.restart(obs, info)
                     self.over = 0

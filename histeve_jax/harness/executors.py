@@ -127,6 +127,12 @@ class ExpertExecutor:
 CLOSE_GUI = "close_gui"  # the phase of a policy invocation's first steps that close a GUI left open
 
 
+def closes_gui(label: str) -> bool:
+    """Whether a decision's (or record's) subtask label is a policy invocation's closing step
+    (``<label>/close_gui``): the controller's completion signal and the detector's units begin after them."""
+    return label.endswith(f"/{CLOSE_GUI}")
+
+
 class _CloseGui(Expert):
     """Closes a GUI that an earlier invocation left open (the expert's three taps at most), then is done."""
 
